@@ -1,0 +1,283 @@
+//! Configuration: defaults, then an optional TOML file, then `BEHEST_*` environment variables
+//! (nested keys with `__`), then command-line flags. Unknown keys and bad values stop startup
+//! with a message naming them; secrets are read from the environment and never printed.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address to listen on (`--bind`, `BEHEST_BIND`); default `127.0.0.1:8080`.
+    pub bind: String,
+    /// `sqlite://PATH` (default `sqlite://behest.db`, created when missing) or `postgres://…`
+    /// (`--database-url`, `BEHEST_DATABASE_URL`).
+    pub database_url: String,
+    /// Limits and buffers of the run loop and the event log.
+    pub runtime: RuntimeConfig,
+    /// Model providers by id (`[providers.<id>]`).
+    pub providers: BTreeMap<String, ProviderConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:8080".to_owned(),
+            database_url: "sqlite://behest.db".to_owned(),
+            runtime: RuntimeConfig::default(),
+            providers: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[runtime]`: limits of the run loop and buffers of the event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Model calls per run at most; default 25.
+    pub max_iterations: u32,
+    /// Events buffered per run for live watchers before a slow one falls back to the store;
+    /// default 1024.
+    pub feed_capacity: usize,
+    /// Events written to the store in one transaction at most (group commit); default 256.
+    pub max_batch_events: usize,
+    /// Interval of SSE keep-alive comments in ms; default 15000.
+    pub keep_alive_ms: u64,
+    /// Request body limit in bytes; default 1 MiB.
+    pub max_body_bytes: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            max_iterations: 25,
+            feed_capacity: 1024,
+            max_batch_events: 256,
+            keep_alive_ms: 15_000,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+/// The wire format a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions (and compatible servers: vLLM, Ollama, llama.cpp, …).
+    Openai,
+}
+
+/// `[providers.<id>]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Wire format.
+    pub kind: ProviderKind,
+    /// API base URL, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// Name of the environment variable holding the API key; none for servers without auth.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Timeouts of each model call.
+    #[serde(default)]
+    pub timeouts: TimeoutConfig,
+    /// Models runs may use, by name.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// The API key, read from `api_key_env` at load time; never serialized or printed.
+    #[serde(skip)]
+    pub api_key: Option<Secret>,
+}
+
+/// A secret that prints as `[redacted]`.
+#[derive(Clone)]
+pub struct Secret(pub SecretString);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl PartialEq for Secret {
+    fn eq(&self, _: &Self) -> bool {
+        // Secrets are never compared; configs are equal when their visible parts are.
+        true
+    }
+}
+
+/// `[providers.<id>.models.<name>]`, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model's context window in tokens.
+    pub context_window: u32,
+    /// Most tokens one call may generate.
+    pub max_output_tokens: u32,
+}
+
+/// `[providers.<id>.timeouts]`, in ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutConfig {
+    /// TCP/TLS connect; default 10000.
+    pub connect_ms: u64,
+    /// From request sent to the response's first byte; default 60000.
+    pub first_byte_ms: u64,
+    /// Between two chunks of a stream; default 60000.
+    pub idle_ms: u64,
+    /// Whole call; default 600000.
+    pub total_ms: u64,
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        Self {
+            connect_ms: 10_000,
+            first_byte_ms: 60_000,
+            idle_ms: 60_000,
+            total_ms: 600_000,
+        }
+    }
+}
+
+/// Flags from the command line, applied last.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Overrides {
+    /// `--bind`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bind: Option<String>,
+    /// `--database-url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_url: Option<String>,
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Unknown key, bad value, unreadable file (figment names the key and its source).
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] Box<figment::Error>),
+    /// A semantic check failed.
+    #[error("invalid configuration: {0}")]
+    Check(String),
+}
+
+impl Config {
+    /// Loads defaults → `file` (must exist when given) → `BEHEST_*` env → `overrides`, then
+    /// reads each provider's API key from its `api_key_env`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the bad key, value or missing environment variable.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let env = Env::prefixed("BEHEST_")
+            .split("__")
+            // BEHEST_CONFIG names the file itself; BEHEST_TEST_* belong to the test suite.
+            .filter(|key| key != "config" && !key.as_str().starts_with("test_"));
+        let config: Config = figment
+            .merge(env)
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .map_err(Box::new)?;
+        config.resolved()
+    }
+
+    /// Parses a TOML document alone (no env, no flags); for tests and tools.
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn from_toml(toml: &str) -> Result<Self, ConfigError> {
+        let config: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(toml))
+            .extract()
+            .map_err(Box::new)?;
+        config.resolved()
+    }
+
+    fn resolved(mut self) -> Result<Self, ConfigError> {
+        if self.runtime.max_iterations == 0 {
+            return Err(ConfigError::Check(
+                "runtime.max_iterations must be at least 1".to_owned(),
+            ));
+        }
+        for (id, provider) in &mut self.providers {
+            if !provider.base_url.starts_with("http://") && !provider.base_url.starts_with("https://")
+            {
+                return Err(ConfigError::Check(format!(
+                    "providers.{id}.base_url must start with http:// or https://"
+                )));
+            }
+            if provider.models.is_empty() {
+                return Err(ConfigError::Check(format!(
+                    "providers.{id}.models must list at least one model"
+                )));
+            }
+            if let Some(var) = &provider.api_key_env {
+                let key = std::env::var(var).map_err(|_| {
+                    ConfigError::Check(format!(
+                        "providers.{id}.api_key_env names `{var}`, which is not set"
+                    ))
+                })?;
+                provider.api_key = Some(Secret(SecretString::from(key)));
+            }
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_is_named() {
+        let error = Config::from_toml("[runtime]\nmax_iteration = 3\n")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(error.contains("max_iteration"), "{error}");
+    }
+
+    #[test]
+    fn bad_kind_is_named() {
+        let error = Config::from_toml(
+            "[providers.x]\nkind = \"bogus\"\nbase_url = \"http://h\"\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(error.contains("bogus"), "{error}");
+    }
+
+    #[test]
+    fn missing_key_variable_is_named_without_value() {
+        let error = Config::from_toml(
+            "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\napi_key_env = \"BEHEST_SURELY_UNSET_VAR\"\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(error.contains("BEHEST_SURELY_UNSET_VAR"), "{error}");
+    }
+
+    #[test]
+    fn provider_parses() -> Result<(), ConfigError> {
+        let config = Config::from_toml(
+            "[providers.local]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[providers.local.models.\"gpt-4o-mini\"]\ncontext_window = 128000\nmax_output_tokens = 16384\n",
+        )?;
+        let provider = &config.providers["local"];
+        assert_eq!(provider.kind, ProviderKind::Openai);
+        assert_eq!(provider.models["gpt-4o-mini"].context_window, 128_000);
+        assert_eq!(provider.timeouts, TimeoutConfig::default());
+        Ok(())
+    }
+}

@@ -1,0 +1,120 @@
+//! Messages of a session and their content parts (`common.proto` `Message`, `ContentPart`).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{MessageId, RunId, SessionId};
+
+/// Who wrote a message (`common.proto` `Message.role`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Instructions for the model.
+    System,
+    /// The client's input.
+    User,
+    /// The model's reply.
+    Assistant,
+    /// The result of one tool call.
+    Tool,
+}
+
+impl Role {
+    /// The snake_case name, as stored and sent.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::User => "user",
+            Self::Assistant => "assistant",
+            Self::Tool => "tool",
+        }
+    }
+
+    /// Parses the stored name; `None` for anything else.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "system" => Self::System,
+            "user" => Self::User,
+            "assistant" => Self::Assistant,
+            "tool" => Self::Tool,
+            _ => return None,
+        })
+    }
+}
+
+/// One part of a message's content (`common.proto` `ContentPart`), tagged by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// Plain text.
+    Text {
+        /// The text, exactly as produced (UTF-8).
+        text: String,
+    },
+    /// A JSON value (for example a tool's structured output).
+    Json {
+        /// Any JSON value.
+        value: serde_json::Value,
+    },
+    /// An image by reference.
+    Image {
+        /// Where the image is (https or data URL).
+        url: String,
+        /// Its media type, e.g. `image/png`.
+        mime_type: String,
+    },
+}
+
+/// A tool call requested by the model (`common.proto` `ToolCall`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCall {
+    /// The provider's call id; a tool message answers it with `tool_call_id`.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments as a JSON value (an object for well-formed calls).
+    pub arguments: serde_json::Value,
+}
+
+/// A stored message of a session (`common.proto` `Message`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Message {
+    /// Message id (UUID v7).
+    pub id: MessageId,
+    /// The session it belongs to.
+    pub session_id: SessionId,
+    /// The run that produced it.
+    pub run_id: RunId,
+    /// Who wrote it.
+    pub role: Role,
+    /// Its content parts, in order.
+    pub content: Vec<ContentPart>,
+    /// Tool calls of an assistant message, in the model's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For a tool message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For a tool message: the tool that produced it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_name: Option<String>,
+    /// When it was stored (RFC 3339, UTC).
+    pub created_at: DateTime<Utc>,
+}
+
+impl Message {
+    /// The concatenation of the message's text parts.
+    #[must_use]
+    pub fn text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|part| match part {
+                ContentPart::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+}

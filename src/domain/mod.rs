@@ -1,0 +1,15 @@
+//! Domain types of the contract: ids, runs, sessions, messages, usage and tool calls.
+//!
+//! They come from the seeds (`agent.v1` proto and its `common.proto` as DESIGN.md restates it)
+//! and depend on nothing but serde, chrono, uuid and utoipa.
+
+mod ids;
+mod message;
+mod run;
+
+pub use ids::{MessageId, RunId, SessionId};
+pub use message::{ContentPart, Message, Role, ToolCall};
+pub use run::{
+    CreateRunRequest, CreateRunResponse, FinishReason, RunOutput, RunRecord, RunStatus, Session,
+    TokenUsage, ToolChoice, ToolChoiceMode,
+};

@@ -1,0 +1,283 @@
+//! The event contract (seed `AgentEvent` enum, proto `agent.v1.AgentEvent`) and the live feed.
+//!
+//! An event on the wire is the envelope `{sequence, run_id, timestamp, trace_id, span_id}` plus
+//! the payload, internally tagged with `"type"` in snake_case (the proto's oneof names).
+
+mod feed;
+mod schema;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::domain::{FinishReason, MessageId, RunId, SessionId, TokenUsage, ToolCall};
+
+pub use feed::{EventFeed, FeedSubscription, LoggedEvent};
+
+/// One event of a run's log: envelope plus payload (proto `AgentEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentEvent {
+    /// Per-run position, contiguous from 1; the SSE `id:`.
+    pub sequence: u64,
+    /// The run the event belongs to.
+    pub run_id: RunId,
+    /// When the event was emitted (RFC 3339, UTC).
+    pub timestamp: DateTime<Utc>,
+    /// W3C trace context trace id (32 hex chars), empty when unavailable.
+    pub trace_id: String,
+    /// W3C trace context span id (16 hex chars), empty when unavailable.
+    pub span_id: String,
+    /// What happened, tagged by `type`.
+    #[serde(flatten)]
+    pub payload: EventPayload,
+}
+
+impl AgentEvent {
+    /// True for `run_completed`, `run_failed` and `run_cancelled`: the last event of a run.
+    #[must_use]
+    pub fn is_terminal(&self) -> bool {
+        self.payload.is_terminal()
+    }
+}
+
+macro_rules! event_payloads {
+    ($($(#[$doc:meta])* $variant:ident($payload:ty) = $name:literal),+ $(,)?) => {
+        /// The payload of an event, one variant per proto oneof field (seed `AgentEvent`).
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        pub enum EventPayload {
+            $($(#[$doc])* $variant($payload),)+
+        }
+
+        impl EventPayload {
+            /// The variant's `type` tag, also the SSE `event:` name.
+            #[must_use]
+            pub fn event_type(&self) -> &'static str {
+                match self {
+                    $(Self::$variant(_) => $name,)+
+                }
+            }
+        }
+
+        /// Every variant: `(type tag, schema component name, payload schema, payload's nested schemas)`.
+        pub(crate) fn variant_schemas() -> Vec<schema::VariantSchema> {
+            vec![$(schema::VariantSchema::of::<$payload>($name, concat!(stringify!($variant), "Event")),)+]
+        }
+    };
+}
+
+event_payloads! {
+    /// The run began, after session load and input admission.
+    RunStarted(RunStarted) = "run_started",
+    /// The model's context was assembled.
+    ContextBuilt(ContextBuilt) = "context_built",
+    /// A model call began.
+    ModelStarted(ModelStarted) = "model_started",
+    /// Streamed text from the model.
+    TextDelta(TextDelta) = "text_delta",
+    /// The model began a tool call.
+    ToolCallStarted(ToolCallStarted) = "tool_call_started",
+    /// Streamed tool-call arguments.
+    ToolCallDelta(ToolCallDelta) = "tool_call_delta",
+    /// The model finished a tool call.
+    ToolCallCompleted(ToolCallCompleted) = "tool_call_completed",
+    /// A tool began executing.
+    ToolExecutionStarted(ToolExecutionStarted) = "tool_execution_started",
+    /// A tool finished executing.
+    ToolExecutionFinished(ToolExecutionFinished) = "tool_execution_finished",
+    /// The assistant message was stored.
+    AssistantMessageCommitted(MessageCommitted) = "assistant_message_committed",
+    /// A tool message was stored.
+    ToolMessageCommitted(MessageCommitted) = "tool_message_committed",
+    /// Token usage of one model call.
+    UsageRecorded(UsageRecorded) = "usage_recorded",
+    /// Prompt-cache statistics of one model call.
+    CacheMetrics(CacheMetrics) = "cache_metrics",
+    /// Terminal: the run completed.
+    RunCompleted(RunCompleted) = "run_completed",
+    /// Terminal: the run failed.
+    RunFailed(RunFailed) = "run_failed",
+    /// Terminal: the run was cancelled.
+    RunCancelled(RunCancelled) = "run_cancelled",
+    /// A repetitive tool-call pattern was detected; the run fails next.
+    DoomLoopDetected(DoomLoopDetected) = "doom_loop_detected",
+    /// The compaction circuit breaker opened.
+    CompactionCircuitOpened(CompactionCircuitOpened) = "compaction_circuit_opened",
+}
+
+impl EventPayload {
+    /// True for the three terminal variants.
+    #[must_use]
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Self::RunCompleted(_) | Self::RunFailed(_) | Self::RunCancelled(_)
+        )
+    }
+}
+
+/// `run_started` (proto `RunStartedEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunStarted {
+    /// The run's session.
+    pub session_id: SessionId,
+    /// Provider id used for model calls.
+    pub provider: String,
+    /// Model used for generation.
+    pub model: String,
+}
+
+/// `context_built` (proto `ContextBuiltEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ContextBuilt {
+    /// Messages in the context sent to the model.
+    pub message_count: u32,
+}
+
+/// `model_started` (proto `ModelStartedEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelStarted {
+    /// Provider being called.
+    pub provider: String,
+    /// Model being used.
+    pub model: String,
+    /// Iteration number, from 1.
+    pub iteration: u32,
+}
+
+/// `text_delta` (proto `TextDeltaEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TextDelta {
+    /// The next piece of the assistant's text (UTF-8, never a split character).
+    pub delta: String,
+}
+
+/// `tool_call_started` (proto `ToolCallStartedEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallStarted {
+    /// The provider's call id.
+    pub call_id: String,
+    /// The tool's name.
+    pub tool_name: String,
+}
+
+/// `tool_call_delta` (proto `ToolCallDeltaEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallDelta {
+    /// The provider's call id.
+    pub call_id: String,
+    /// The next piece of the arguments' JSON text.
+    pub delta: String,
+}
+
+/// `tool_call_completed` (proto `ToolCallCompletedEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallCompleted {
+    /// The complete call.
+    pub call: ToolCall,
+}
+
+/// `tool_execution_started` (proto `ToolExecutionStartedEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolExecutionStarted {
+    /// The call being executed.
+    pub call_id: String,
+    /// The tool's name.
+    pub tool_name: String,
+}
+
+/// `tool_execution_finished` (proto `ToolExecutionFinishedEvent`, seed `ToolExecutionFinished`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolExecutionFinished {
+    /// The call that was executed.
+    pub call_id: String,
+    /// The tool's name.
+    pub tool_name: String,
+    /// What the tool returned, or why it failed.
+    pub result: ToolExecutionResult,
+    /// Execution time in ms.
+    pub duration_ms: u64,
+}
+
+/// Result of one tool execution (seed `ToolExecutionResult`): `{"Success": {"output": …}}` or
+/// `{"Failure": {"error": "…"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub enum ToolExecutionResult {
+    /// The tool executed successfully.
+    Success(ToolSuccess),
+    /// The tool failed; the model sees the error.
+    Failure(ToolFailure),
+}
+
+/// A successful tool execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolSuccess {
+    /// The value the tool returned.
+    pub output: serde_json::Value,
+}
+
+/// A failed tool execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolFailure {
+    /// Why the tool failed.
+    pub error: String,
+}
+
+/// `assistant_message_committed` / `tool_message_committed` (seed `MessageCommitted`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct MessageCommitted {
+    /// The stored message's id.
+    pub message_id: MessageId,
+}
+
+/// `usage_recorded` (proto `UsageRecordedEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageRecorded {
+    /// Tokens of this model call.
+    pub usage: TokenUsage,
+}
+
+/// `cache_metrics` (seed `CacheMetrics`): prompt-cache statistics of one model call, in tokens.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CacheMetrics {
+    /// Input tokens written to the cache (Anthropic `cache_creation_input_tokens`).
+    pub cache_creation_input_tokens: u64,
+    /// Input tokens read from the cache (Anthropic `cache_read_input_tokens`).
+    pub cache_read_input_tokens: u64,
+    /// Input tokens served from the cache (OpenAI `prompt_tokens_details.cached_tokens`).
+    pub cached_input_tokens: u64,
+}
+
+/// `run_completed` (proto `RunCompletedEvent`), terminal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunCompleted {
+    /// Why the model stopped.
+    pub finish_reason: FinishReason,
+    /// Model calls made.
+    pub iterations: u32,
+}
+
+/// `run_failed` (proto `RunFailedEvent`), terminal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunFailed {
+    /// What went wrong, readable by a person.
+    pub error: String,
+}
+
+/// `run_cancelled` (proto `RunCancelledEvent`), terminal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunCancelled {}
+
+/// `doom_loop_detected` (proto `DoomLoopDetectedEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DoomLoopDetected {
+    /// The repeated pattern.
+    pub description: String,
+}
+
+/// `compaction_circuit_opened` (proto `CompactionCircuitOpenedEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CompactionCircuitOpened {
+    /// Consecutive compaction failures that opened the breaker.
+    pub consecutive_failures: u32,
+}

@@ -1,0 +1,177 @@
+//! Model providers: one adapter per wire format, mapping it to a common stream of
+//! [`ModelEvent`]s. Providers never import the runtime or the API.
+
+pub mod openai;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::config::{ProviderConfig, ProviderKind};
+use crate::domain::{FinishReason, Message, TokenUsage, ToolCall, ToolChoice};
+use crate::events::CacheMetrics;
+
+/// A tool the model may call: name, description and JSON Schema of its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// The tool's name.
+    pub name: String,
+    /// What the tool does, for the model.
+    pub description: String,
+    /// JSON Schema (an object schema) of the arguments.
+    pub parameters: serde_json::Value,
+}
+
+/// One model call: the context and what the model may do.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    /// Model name as the provider knows it.
+    pub model: String,
+    /// The context, oldest first (system, user, assistant with tool calls, tool results).
+    pub messages: Vec<Message>,
+    /// Tools offered; empty means no tools are sent (and no `tool_choice`).
+    pub tools: Vec<ToolSpec>,
+    /// How the model may use the tools.
+    pub tool_choice: ToolChoice,
+    /// Upper bound on generated tokens.
+    pub max_output_tokens: Option<u32>,
+}
+
+/// What a model call streams, in order. Adapters guarantee: text deltas and tool-call events
+/// as they arrive; `ToolCallCompleted` for every complete call (never for one cut off);
+/// at most one `Usage`; and exactly one `Finished`, last.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelEvent {
+    /// A piece of assistant text (never a split UTF-8 character).
+    TextDelta(String),
+    /// The model began a tool call.
+    ToolCallStarted {
+        /// The provider's call id.
+        call_id: String,
+        /// The tool's name.
+        tool_name: String,
+    },
+    /// A piece of a tool call's arguments (JSON text).
+    ToolCallDelta {
+        /// The provider's call id.
+        call_id: String,
+        /// The piece.
+        delta: String,
+    },
+    /// A tool call is complete, its arguments parsed.
+    ToolCallCompleted(ToolCall),
+    /// Token usage of the call, with prompt-cache figures when the provider reports them.
+    Usage {
+        /// Input/output/total tokens.
+        usage: TokenUsage,
+        /// Cache tokens; `None` when the provider reported none.
+        cache: Option<CacheMetrics>,
+    },
+    /// The call ended; the last event.
+    Finished(FinishReason),
+}
+
+/// The stream of one model call.
+pub type ModelStream = BoxStream<'static, Result<ModelEvent, ProviderError>>;
+
+/// A model provider speaking one wire format.
+#[async_trait]
+pub trait Provider: Send + Sync + fmt::Debug {
+    /// Starts a streaming model call. Errors before the first event come back here or as the
+    /// stream's first item; later ones end the stream.
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError>;
+}
+
+/// Builds the adapter for a configured provider.
+///
+/// # Errors
+/// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
+pub fn build(id: &str, config: &ProviderConfig) -> Result<Arc<dyn Provider>, ProviderError> {
+    match config.kind {
+        ProviderKind::Openai => Ok(Arc::new(openai::OpenAi::new(id, config)?)),
+    }
+}
+
+/// How a provider call failed, for retries and for callers (e.g. compaction on
+/// `context_length_exceeded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// 401/403: bad or missing credentials.
+    Auth,
+    /// 429: too many requests.
+    RateLimited,
+    /// 503/529 or an "overloaded" error.
+    Overloaded,
+    /// The prompt does not fit the model's context window.
+    ContextLengthExceeded,
+    /// 400/404/422 and other request errors.
+    InvalidRequest,
+    /// 5xx and malformed responses.
+    Server,
+    /// A connect, first-byte, idle or total timeout.
+    Timeout,
+    /// The connection failed or closed early.
+    Transport,
+}
+
+impl ErrorClass {
+    /// The snake_case name, as logged.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auth => "auth",
+            Self::RateLimited => "rate_limited",
+            Self::Overloaded => "overloaded",
+            Self::ContextLengthExceeded => "context_length_exceeded",
+            Self::InvalidRequest => "invalid_request",
+            Self::Server => "server",
+            Self::Timeout => "timeout",
+            Self::Transport => "transport",
+        }
+    }
+
+    /// Whether a call failing this way may be retried (only before any output was emitted).
+    #[must_use]
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::RateLimited | Self::Overloaded | Self::Server | Self::Timeout | Self::Transport
+        )
+    }
+}
+
+/// A failed provider call. The message never contains secrets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{provider}: {class}: {message}", class = class.as_str())]
+pub struct ProviderError {
+    /// The provider id.
+    pub provider: String,
+    /// The failure class.
+    pub class: ErrorClass,
+    /// HTTP status, when the provider answered with one.
+    pub status: Option<u16>,
+    /// Readable detail (the provider's own error message where it gave one).
+    pub message: String,
+    /// The provider's `retry-after`, when given.
+    pub retry_after: Option<Duration>,
+}
+
+impl ProviderError {
+    /// An error without status or retry hint.
+    #[must_use]
+    pub fn new(provider: &str, class: ErrorClass, message: impl Into<String>) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            class,
+            status: None,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+}
