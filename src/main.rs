@@ -1,1 +1,133 @@
-fn main() {}
+//! The `behest` command: parses the CLI and calls into the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use behest::config::{Config, Overrides};
+
+/// behest: an agent runtime server.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the HTTP API (default 127.0.0.1:8080, SQLite file `behest.db`).
+    Serve {
+        /// Address to listen on [env: BEHEST_BIND].
+        #[arg(long)]
+        bind: Option<String>,
+        /// `sqlite://PATH` or `postgres://…` [env: BEHEST_DATABASE_URL].
+        #[arg(long)]
+        database_url: Option<String>,
+        /// TOML configuration file.
+        #[arg(long, env = "BEHEST_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Apply database migrations and exit.
+    Migrate {
+        /// `sqlite://PATH` or `postgres://…` [env: BEHEST_DATABASE_URL].
+        #[arg(long)]
+        database_url: Option<String>,
+        /// TOML configuration file.
+        #[arg(long, env = "BEHEST_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Print the OpenAPI document (JSON) and exit.
+    Openapi,
+}
+
+fn load(config: Option<&std::path::Path>, overrides: &Overrides) -> Result<Config, ExitCode> {
+    Config::load(config, overrides).map_err(|error| {
+        report(&error);
+        ExitCode::from(2)
+    })
+}
+
+#[expect(
+    clippy::print_stderr,
+    reason = "errors before logging is set up go to stderr"
+)]
+fn report(error: &dyn std::fmt::Display) {
+    eprintln!("behest: {error}");
+}
+
+fn print_openapi() -> ExitCode {
+    use std::io::Write;
+    match behest::api::openapi().to_pretty_json() {
+        Ok(json) => {
+            // A closed pipe (`behest openapi | head`) is not an error worth a panic.
+            let _ = writeln!(std::io::stdout().lock(), "{json}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            report(&error);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let json = std::env::var("RUST_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Openapi => print_openapi(),
+        Command::Serve {
+            bind,
+            database_url,
+            config,
+        } => {
+            let overrides = Overrides { bind, database_url };
+            let config = match load(config.as_deref(), &overrides) {
+                Ok(config) => config,
+                Err(code) => return code,
+            };
+            init_tracing();
+            match behest::server::serve(config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    tracing::error!(%error, "behest stopped");
+                    report(&error);
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Migrate {
+            database_url,
+            config,
+        } => {
+            let overrides = Overrides {
+                bind: None,
+                database_url,
+            };
+            let config = match load(config.as_deref(), &overrides) {
+                Ok(config) => config,
+                Err(code) => return code,
+            };
+            match behest::store::connect(&config.database_url).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(error) => {
+                    report(&error);
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

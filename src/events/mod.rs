@@ -265,7 +265,7 @@ pub struct RunFailed {
 }
 
 /// `run_cancelled` (proto `RunCancelledEvent`), terminal.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunCancelled {}
 
 /// `doom_loop_detected` (proto `DoomLoopDetectedEvent`).

@@ -24,6 +24,10 @@ impl OpenAi {
 #[async_trait]
 impl Provider for OpenAi {
     async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        Err(ProviderError::new(&self.id, ErrorClass::Server, "not implemented"))
+        Err(ProviderError::new(
+            &self.id,
+            ErrorClass::Server,
+            "not implemented",
+        ))
     }
 }

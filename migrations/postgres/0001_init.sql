@@ -1,0 +1,51 @@
+-- Sessions, runs, messages and the event log. JSON is stored as text so it reads back byte
+-- for byte (jsonb would reorder keys).
+CREATE TABLE sessions (
+    id UUID PRIMARY KEY,
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL
+);
+
+CREATE TABLE runs (
+    id UUID PRIMARY KEY,
+    session_id UUID NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    status TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    tool_choice TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    iterations BIGINT NOT NULL,
+    finish_reason TEXT,
+    input_tokens BIGINT NOT NULL,
+    output_tokens BIGINT NOT NULL,
+    total_tokens BIGINT NOT NULL,
+    error TEXT,
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX runs_by_session ON runs (session_id, id);
+CREATE INDEX runs_by_status ON runs (status, id);
+
+CREATE TABLE messages (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id UUID NOT NULL UNIQUE,
+    session_id UUID NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    run_id UUID NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    tool_calls TEXT NOT NULL,
+    tool_call_id TEXT,
+    tool_name TEXT,
+    created_at TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX messages_by_session ON messages (session_id, seq);
+CREATE INDEX messages_by_run ON messages (run_id, seq);
+
+CREATE TABLE events (
+    run_id UUID NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    sequence BIGINT NOT NULL,
+    event_type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    terminal BOOLEAN NOT NULL,
+    PRIMARY KEY (run_id, sequence)
+);

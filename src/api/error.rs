@@ -1,0 +1,191 @@
+//! The one error type at the HTTP edge, rendered as RFC 9457 `application/problem+json` with a
+//! stable machine `code`. Body, path and query rejections go through it too.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::domain::{RunId, RunStatus};
+use crate::runtime::CreateRunError;
+use crate::store::StoreError;
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Problem {
+    /// Problem type URI; `about:blank` (the `code` identifies the problem).
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    /// Short summary of the problem kind.
+    pub title: String,
+    /// HTTP status code.
+    pub status: u16,
+    /// What happened in this occurrence, readable by a person.
+    pub detail: String,
+    /// Stable machine code, e.g. `run_not_found`, `invalid_cursor`, `run_not_finished`.
+    pub code: String,
+    /// The offending request field, when one is to blame.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The run concerned, when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+    /// The run's status, when it explains the problem (e.g. `run_not_finished`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_status: Option<RunStatus>,
+}
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError(Box<Problem>);
+
+impl ApiError {
+    /// A problem with status, code and detail.
+    #[must_use]
+    pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
+        Self(Box::new(Problem {
+            problem_type: "about:blank".to_owned(),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            detail: detail.into(),
+            code: code.to_owned(),
+            field: None,
+            run_id: None,
+            run_status: None,
+        }))
+    }
+
+    /// Names the offending field.
+    #[must_use]
+    pub fn field(mut self, field: &str) -> Self {
+        self.0.field = Some(field.to_owned());
+        self
+    }
+
+    /// Names the run and its status.
+    #[must_use]
+    pub fn run(mut self, run_id: RunId, status: Option<RunStatus>) -> Self {
+        self.0.run_id = Some(run_id);
+        self.0.run_status = status;
+        self
+    }
+
+    /// 404 `run_not_found`.
+    #[must_use]
+    pub fn run_not_found(run_id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "run_not_found",
+            format!("no run with id `{run_id}`"),
+        )
+    }
+
+    /// 500 `internal_error` for a store failure; the detail is logged, not sent.
+    #[must_use]
+    pub fn internal(error: &dyn std::fmt::Display) -> Self {
+        tracing::error!(%error, "request failed");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "the server failed to handle the request; it was logged",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (status, Json(self.0)).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        Self::internal(&error)
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        match rejection {
+            JsonRejection::JsonSyntaxError(e) => Self::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                format!("the body is not valid JSON: {}", source_text(&e)),
+            ),
+            JsonRejection::JsonDataError(e) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_body",
+                format!("the body does not match the schema: {}", source_text(&e)),
+            ),
+            JsonRejection::MissingJsonContentType(_) => Self::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send the body as `Content-Type: application/json`",
+            ),
+            other => Self::new(other.status(), "invalid_body", other.body_text()),
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        let detail = match &rejection {
+            QueryRejection::FailedToDeserializeQueryString(e) => source_text(e),
+            other => other.body_text(),
+        };
+        Self::new(StatusCode::BAD_REQUEST, "invalid_query", detail)
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_path",
+            rejection.body_text(),
+        )
+    }
+}
+
+impl From<CreateRunError> for ApiError {
+    fn from(error: CreateRunError) -> Self {
+        let detail = error.to_string();
+        match error {
+            CreateRunError::MissingField(field) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "missing_field", detail).field(field)
+            }
+            CreateRunError::InvalidField { field, .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).field(field)
+            }
+            CreateRunError::UnknownProvider(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_provider", detail)
+                    .field("provider")
+            }
+            CreateRunError::UnknownModel { .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_model", detail).field("model")
+            }
+            CreateRunError::SessionNotFound(_) => {
+                Self::new(StatusCode::NOT_FOUND, "session_not_found", detail).field("session_id")
+            }
+            CreateRunError::Store(error) => Self::internal(&error),
+        }
+    }
+}
+
+/// The innermost error text (serde's message names the field and position).
+fn source_text(error: &dyn std::error::Error) -> String {
+    let mut current = error;
+    while let Some(source) = current.source() {
+        current = source;
+    }
+    current.to_string()
+}

@@ -1,0 +1,109 @@
+//! The HTTP surface: routes, handlers, SSE, errors and the OpenAPI document. Every public
+//! route goes through utoipa-axum's `OpenApiRouter`, so the spec cannot forget one.
+
+mod error;
+mod extract;
+mod runs;
+mod system;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use tokio_util::sync::CancellationToken;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::runtime::Runtime;
+
+pub use error::{ApiError, Problem};
+
+/// Shared state of every handler.
+#[derive(Clone, Debug)]
+pub struct AppState(Arc<AppInner>);
+
+/// What [`AppState`] holds.
+#[derive(Debug)]
+pub struct AppInner {
+    /// The runtime.
+    pub runtime: Arc<Runtime>,
+    /// Cancelled at shutdown: open event streams end.
+    pub shutdown: CancellationToken,
+    /// Interval of SSE keep-alive comments.
+    pub keep_alive: Duration,
+}
+
+impl AppState {
+    /// State over a runtime; `shutdown` ends open event streams when cancelled.
+    #[must_use]
+    pub fn new(runtime: Arc<Runtime>, shutdown: CancellationToken) -> Self {
+        let keep_alive = Duration::from_millis(runtime.config().keep_alive_ms.max(1));
+        Self(Arc::new(AppInner {
+            runtime,
+            shutdown,
+            keep_alive,
+        }))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppInner;
+    fn deref(&self) -> &AppInner {
+        &self.0
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "behest",
+        description = "Agent runtime server: runs over HTTP/JSON, one durable event log, \
+                       Server-Sent Events with exact resume (`Last-Event-ID`).",
+        license(name = "MIT OR Apache-2.0")
+    ),
+    tags(
+        (name = "runs", description = "RunService: create, list, read, cancel and watch runs."),
+        (name = "system", description = "Health and the API description.")
+    )
+)]
+struct ApiDoc;
+
+fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(runs::create_run, runs::list_runs))
+        .routes(routes!(runs::create_run_stream))
+        .routes(routes!(runs::get_run))
+        .routes(routes!(runs::get_run_output))
+        .routes(routes!(runs::cancel_run))
+        .routes(routes!(runs::watch_run_events))
+        .routes(routes!(system::get_health))
+        .routes(routes!(system::get_readiness))
+}
+
+/// The OpenAPI document of [`app`], as served at `/openapi.json`.
+#[must_use]
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    router().split_for_parts().1
+}
+
+/// The whole HTTP app over `state`.
+pub fn app(state: AppState) -> Router {
+    let max_body = state.runtime.config().max_body_bytes;
+    let (router, spec) = router().split_for_parts();
+    let spec = Arc::new(spec);
+    router
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let spec = spec.clone();
+                async move { axum::Json(spec) }
+            }),
+        )
+        .fallback(system::not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}

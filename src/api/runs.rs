@@ -1,0 +1,415 @@
+//! RunService over REST: create (JSON or event stream), list, get, output, cancel, watch.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::extract::{Json, Query};
+use super::{ApiError, AppState, Problem};
+use crate::domain::{
+    CreateRunRequest, CreateRunResponse, FinishReason, Role, RunId, RunOutput, RunRecord, RunStatus,
+};
+use crate::events::AgentEvent;
+use crate::runtime::{CancelOutcome, TraceContext};
+use crate::store::RunFilter;
+
+const DEFAULT_LIMIT: u32 = 50;
+const MAX_LIMIT: u32 = 200;
+
+fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
+    raw.parse().map_err(|_| ApiError::run_not_found(raw))
+}
+
+async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
+    let run_id = parse_run_id(raw)?;
+    state
+        .runtime
+        .store()
+        .get_run(run_id)
+        .await?
+        .ok_or_else(|| ApiError::run_not_found(raw))
+}
+
+fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
+    headers
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .and_then(TraceContext::from_traceparent)
+}
+
+/// Start a run (proto `RunService.CreateRun`). Returns at once; watch its events at
+/// `/runs/{run_id}/events`. A W3C `traceparent` header sets the events' `trace_id`.
+#[utoipa::path(post, path = "/runs", tag = "runs",
+    request_body = CreateRunRequest,
+    params(("traceparent" = Option<String>, Header, description = "W3C trace context of the caller")),
+    responses(
+        (status = 202, description = "Run created; `Location` is the run", body = CreateRunResponse,
+            headers(("Location" = String, description = "`/runs/{run_id}`"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`missing_field`, `invalid_field`, `unknown_provider`, `unknown_model`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn create_run(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(request): Json<CreateRunRequest>,
+) -> Result<Response, ApiError> {
+    let record = state
+        .runtime
+        .create_run(request, trace_context(&headers))
+        .await?;
+    let location = HeaderValue::from_str(&format!("/runs/{}", record.id))
+        .map_err(|e| ApiError::internal(&e))?;
+    let body = CreateRunResponse {
+        run_id: record.id,
+        session_id: record.session_id,
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location)],
+        axum::Json(body),
+    )
+        .into_response())
+}
+
+/// Start a run and stream its events from sequence 1 (proto `RunService.CreateRunStream`).
+/// The response's `X-Run-Id` header names the run; a client that disconnects resumes at
+/// `/runs/{run_id}/events` with `Last-Event-ID`. Disconnecting never cancels the run.
+#[utoipa::path(post, path = "/runs/stream", tag = "runs",
+    request_body = CreateRunRequest,
+    params(("traceparent" = Option<String>, Header, description = "W3C trace context of the caller")),
+    responses(
+        (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
+            content_type = "text/event-stream", body = AgentEvent,
+            headers(("X-Run-Id" = String, description = "The new run's id"),
+                    ("Location" = String, description = "`/runs/{run_id}`"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn create_run_stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(request): Json<CreateRunRequest>,
+) -> Result<Response, ApiError> {
+    let record = state
+        .runtime
+        .create_run(request, trace_context(&headers))
+        .await?;
+    let mut response = event_stream(&state, record.id, 0);
+    let id = HeaderValue::from_str(&record.id.to_string()).map_err(|e| ApiError::internal(&e))?;
+    let location = HeaderValue::from_str(&format!("/runs/{}", record.id))
+        .map_err(|e| ApiError::internal(&e))?;
+    response.headers_mut().insert("x-run-id", id);
+    response.headers_mut().insert(header::LOCATION, location);
+    Ok(response)
+}
+
+/// Query of `GET /runs`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListRunsQuery {
+    /// Only runs of this session.
+    #[param(value_type = Option<String>, format = Uuid)]
+    session_id: Option<String>,
+    /// Only runs in this status.
+    status: Option<RunStatus>,
+    /// Page size, 1 to 200; default 50.
+    limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// A page of runs, newest first (proto `ListRunsResponse`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ListRunsResponse {
+    /// The runs.
+    pub runs: Vec<RunRecord>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// List runs, newest first, optionally by session and status (proto `RunService.ListRuns`).
+#[utoipa::path(get, path = "/runs", tag = "runs",
+    params(ListRunsQuery),
+    responses(
+        (status = 200, description = "A page of runs", body = ListRunsResponse),
+        (status = 400, description = "`invalid_cursor`, `invalid_query`", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn list_runs(
+    State(state): State<AppState>,
+    Query(query): Query<ListRunsQuery>,
+) -> Result<axum::Json<ListRunsResponse>, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("limit must be between 1 and {MAX_LIMIT}"),
+        )
+        .field("limit"));
+    }
+    let before = query
+        .cursor
+        .as_deref()
+        .map(|cursor| {
+            cursor.parse::<RunId>().map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_cursor",
+                    "the cursor is not one this server returned",
+                )
+                .field("cursor")
+            })
+        })
+        .transpose()?;
+    let session_id = query
+        .session_id
+        .as_deref()
+        .map(|raw| {
+            raw.parse().map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_query",
+                    "session_id is not a UUID",
+                )
+                .field("session_id")
+            })
+        })
+        .transpose()?;
+    let filter = RunFilter {
+        session_id,
+        status: query.status,
+        before,
+        limit: limit + 1,
+    };
+    let mut runs = state.runtime.store().list_runs(&filter).await?;
+    let next_cursor = if runs.len() > limit as usize {
+        runs.truncate(limit as usize);
+        runs.last().map(|run| run.id.to_string())
+    } else {
+        None
+    };
+    Ok(axum::Json(ListRunsResponse { runs, next_cursor }))
+}
+
+/// Read a run (proto `RunService.GetRun`).
+#[utoipa::path(get, path = "/runs/{run_id}", tag = "runs",
+    params(("run_id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run", body = RunRecord),
+        (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_run(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+) -> Result<axum::Json<RunRecord>, ApiError> {
+    Ok(axum::Json(load_run(&state, &run_id).await?))
+}
+
+/// What a finished run produced (proto `RunService.GetRunOutput`).
+#[utoipa::path(get, path = "/runs/{run_id}/output", tag = "runs",
+    params(("run_id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run's output", body = RunOutput),
+        (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`run_not_finished`: the run is still active", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_run_output(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+) -> Result<axum::Json<RunOutput>, ApiError> {
+    let record = load_run(&state, &run_id).await?;
+    if !record.status.is_terminal() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "run_not_finished",
+            format!(
+                "the run is {}; its output exists once it ends",
+                record.status.as_str()
+            ),
+        )
+        .run(record.id, Some(record.status)));
+    }
+    let messages = state
+        .runtime
+        .store()
+        .run_messages(record.id, Role::Assistant)
+        .await?;
+    let finish_reason = record.finish_reason.unwrap_or(match record.status {
+        RunStatus::Failed => FinishReason::Error,
+        _ => FinishReason::Unknown,
+    });
+    Ok(axum::Json(RunOutput {
+        run_id: record.id,
+        session_id: record.session_id,
+        status: record.status,
+        iterations: record.iterations,
+        finish_reason,
+        total_usage: record.total_usage,
+        messages,
+        error: record.error,
+    }))
+}
+
+/// Query of `POST /runs/{run_id}/cancel`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct CancelQuery {
+    /// Answer only after the run's terminal event (at most 30 s).
+    #[serde(default)]
+    wait: bool,
+}
+
+/// Cancel a run (proto `RunService.CancelRun`): stops the model call and the loop and ends the
+/// run with one `run_cancelled`. A finished run is left alone (409 with its final status).
+#[utoipa::path(post, path = "/runs/{run_id}/cancel", tag = "runs",
+    params(("run_id" = String, Path, description = "Run id"), CancelQuery),
+    responses(
+        (status = 200, description = "With `wait=true`: the run after its terminal event", body = RunRecord),
+        (status = 202, description = "Cancellation requested; the run as it is now", body = RunRecord),
+        (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`run_finished`: already ended; `run_status` says how", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn cancel_run(
+    State(state): State<AppState>,
+    Path(raw_id): Path<String>,
+    Query(query): Query<CancelQuery>,
+) -> Result<Response, ApiError> {
+    let run_id = parse_run_id(&raw_id)?;
+    let outcome = state
+        .runtime
+        .cancel_run(run_id)
+        .await?
+        .ok_or_else(|| ApiError::run_not_found(&raw_id))?;
+    let record = match outcome {
+        CancelOutcome::AlreadyFinished(record) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "run_finished",
+                format!("the run already ended: {}", record.status.as_str()),
+            )
+            .run(record.id, Some(record.status)));
+        }
+        CancelOutcome::Cancelling(record) => record,
+    };
+    if !query.wait || record.status.is_terminal() {
+        let status = if record.status.is_terminal() {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        };
+        return Ok((status, axum::Json(record)).into_response());
+    }
+    let after = state.runtime.store().last_sequence(run_id).await?;
+    let drained = state
+        .runtime
+        .watch(run_id, after.saturating_sub(1))
+        .for_each(|_| async {});
+    let finished = tokio::time::timeout(Duration::from_secs(30), drained)
+        .await
+        .is_ok();
+    let record = load_run(&state, &raw_id).await?;
+    let status = if finished && record.status.is_terminal() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, axum::Json(record)).into_response())
+}
+
+/// Query of `GET /runs/{run_id}/events`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    /// Resume after this sequence (proto `WatchRunEventsRequest.last_event_id`); the
+    /// `Last-Event-ID` header takes precedence.
+    last_event_id: Option<String>,
+}
+
+/// Watch a run's events (proto `RunService.WatchRunEvents`): replay after the cursor, then live,
+/// each sequence exactly once, ending after the terminal event. Keep-alive comments every ~15 s.
+#[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",
+    params(
+        ("run_id" = String, Path, description = "Run id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (what EventSource sends)"),
+        WatchQuery
+    ),
+    responses(
+        (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
+            content_type = "text/event-stream", body = AgentEvent),
+        (status = 204, description = "The cursor is at or past the terminal event of a finished run: nothing more will come"),
+        (status = 400, description = "`invalid_cursor`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn watch_run_events(
+    State(state): State<AppState>,
+    Path(raw_id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<WatchQuery>,
+) -> Result<Response, ApiError> {
+    let cursor = match headers.get("last-event-id") {
+        Some(value) => Some(value.to_str().unwrap_or("\u{fffd}").to_owned()),
+        None => query.last_event_id,
+    };
+    let after = match cursor.as_deref().map(str::trim) {
+        None | Some("") => 0,
+        Some(raw) => raw.parse::<u64>().map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_cursor",
+                format!("`{raw}` is not an event sequence number"),
+            )
+            .field("last_event_id")
+        })?,
+    };
+    let record = load_run(&state, &raw_id).await?;
+    if record.status.is_terminal() {
+        let last = state.runtime.store().last_sequence(record.id).await?;
+        if after >= last {
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+    }
+    Ok(event_stream(&state, record.id, after))
+}
+
+/// The SSE response of a watch: frames `id:`/`event:`/`data:`, keep-alives, no caching or
+/// proxy buffering; it ends after the terminal event or at shutdown.
+fn event_stream(state: &AppState, run_id: RunId, after: u64) -> Response {
+    let events = state
+        .runtime
+        .watch(run_id, after)
+        .take_while(move |item| {
+            if let Err(error) = item {
+                tracing::warn!(%run_id, %error, "event stream ended by a store error");
+            }
+            std::future::ready(item.is_ok())
+        })
+        .filter_map(|item| std::future::ready(item.ok()))
+        .map(|event| {
+            Ok::<_, Infallible>(
+                Event::default()
+                    .id(event.sequence.to_string())
+                    .event(&event.event_type)
+                    .data(&*event.data),
+            )
+        })
+        .take_until(state.shutdown.clone().cancelled_owned());
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(state.keep_alive))
+        .into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}

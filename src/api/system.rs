@@ -1,0 +1,66 @@
+//! Health, readiness and the fallback for unknown routes.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::{ApiError, AppState};
+use crate::domain::RunId;
+
+/// Health or readiness.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or what is wrong.
+    pub status: String,
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "system",
+    responses((status = 200, description = "The process is alive", body = Health)))]
+pub async fn get_health() -> Json<Health> {
+    Json(Health {
+        status: "ok".to_owned(),
+    })
+}
+
+/// Readiness: the store answers and the server is not shutting down.
+#[utoipa::path(get, path = "/readyz", tag = "system",
+    responses(
+        (status = 200, description = "Ready to take runs", body = Health),
+        (status = 503, description = "Not ready", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn get_readiness(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    if state.runtime.is_stopping() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        ));
+    }
+    // A cheap read proves the store answers.
+    state
+        .runtime
+        .store()
+        .get_run(RunId(uuid::Uuid::nil()))
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "readiness check failed");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the database does not answer",
+            )
+        })?;
+    Ok(Json(Health {
+        status: "ok".to_owned(),
+    }))
+}
+
+use super::Problem;
+
+/// 404 `not_found` for any unknown route.
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}

@@ -1,0 +1,251 @@
+//! The event log: persist, then publish. One writer task group-commits whatever events are
+//! queued (up to `max_batch_events`) in one transaction, then publishes them to the live feed
+//! and acknowledges each emitter. Per-run emitters assign contiguous sequences under a lock, so
+//! the queue order is the sequence order.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use chrono::Utc;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::domain::RunId;
+use crate::events::{AgentEvent, EventFeed, EventPayload, LoggedEvent};
+use crate::store::{EventWrite, RunOutcome, Store, StoreError};
+
+/// Why an event could not be logged.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The store rejected the batch holding the event.
+    #[error("event log write failed: {0}")]
+    Store(String),
+    /// The run's log is closed: its terminal event was written.
+    #[error("the run's event log is closed")]
+    Closed,
+    /// The writer task is gone (shutdown).
+    #[error("the event log writer stopped")]
+    WriterGone,
+    /// The event could not be serialized (a bug).
+    #[error("event serialization failed: {0}")]
+    Serialize(String),
+}
+
+struct Pending {
+    write: EventWrite,
+    done: oneshot::Sender<Result<(), LogError>>,
+}
+
+/// Handle to the group-commit writer; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct EventLog {
+    queue: mpsc::UnboundedSender<Pending>,
+    feed: Arc<EventFeed>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("sequence", &self.write.event.sequence)
+            .finish()
+    }
+}
+
+impl EventLog {
+    /// Starts the writer task; it ends when every `EventLog` handle is dropped.
+    #[must_use]
+    pub fn start(store: Arc<dyn Store>, feed: Arc<EventFeed>, max_batch: usize) -> Self {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(store, feed.clone(), receiver, max_batch.max(1)));
+        Self { queue, feed }
+    }
+
+    /// The live feed events are published to.
+    #[must_use]
+    pub fn feed(&self) -> &Arc<EventFeed> {
+        &self.feed
+    }
+
+    /// An emitter for a run whose log holds `last_sequence` events so far.
+    #[must_use]
+    pub fn emitter(&self, run_id: RunId, last_sequence: u64, trace: TraceContext) -> RunEmitter {
+        RunEmitter {
+            run_id,
+            trace,
+            log: self.clone(),
+            state: Mutex::new(EmitterState {
+                next_sequence: last_sequence + 1,
+                closed: false,
+            }),
+        }
+    }
+}
+
+async fn write_loop(
+    store: Arc<dyn Store>,
+    feed: Arc<EventFeed>,
+    mut receiver: mpsc::UnboundedReceiver<Pending>,
+    max_batch: usize,
+) {
+    let mut batch = Vec::with_capacity(max_batch);
+    while receiver.recv_many(&mut batch, max_batch).await > 0 {
+        let writes: Vec<EventWrite> = batch.iter().map(|p| p.write.clone()).collect();
+        let result = append_with_retry(store.as_ref(), &writes).await;
+        for pending in batch.drain(..) {
+            let ack = match &result {
+                Ok(()) => {
+                    feed.publish(pending.write.run_id, pending.write.event.clone());
+                    Ok(())
+                }
+                Err(error) => Err(LogError::Store(error.to_string())),
+            };
+            // An emitter that stopped waiting (cancelled run) does not need the ack.
+            let _ = pending.done.send(ack);
+        }
+    }
+}
+
+/// Transient store errors (busy database, dropped connection) get a few quick retries before
+/// the batch is reported failed.
+async fn append_with_retry(store: &dyn Store, writes: &[EventWrite]) -> Result<(), StoreError> {
+    let mut delay = std::time::Duration::from_millis(20);
+    let mut attempt = 1;
+    loop {
+        match store.append_events(writes).await {
+            Ok(()) => return Ok(()),
+            Err(error) if attempt < 4 => {
+                tracing::warn!(%error, attempt, "event batch write failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 4;
+                attempt += 1;
+            }
+            Err(error) => {
+                tracing::error!(%error, events = writes.len(), "event batch write failed");
+                return Err(error);
+            }
+        }
+    }
+}
+
+/// W3C trace context carried into every event's envelope.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceContext {
+    /// 32 lowercase hex chars, or empty.
+    pub trace_id: String,
+    /// 16 lowercase hex chars, or empty.
+    pub span_id: String,
+}
+
+#[derive(Debug)]
+struct EmitterState {
+    next_sequence: u64,
+    closed: bool,
+}
+
+/// Emits one run's events with contiguous sequences; after the terminal event it refuses more.
+#[derive(Debug)]
+pub struct RunEmitter {
+    run_id: RunId,
+    trace: TraceContext,
+    log: EventLog,
+    state: Mutex<EmitterState>,
+}
+
+impl RunEmitter {
+    /// The run this emitter writes for.
+    #[must_use]
+    pub fn run_id(&self) -> RunId {
+        self.run_id
+    }
+
+    /// Logs an event and waits until it is durable (and published). Returns its sequence.
+    ///
+    /// # Errors
+    /// [`LogError`] when the log is closed or the write failed.
+    pub async fn emit(&self, payload: EventPayload) -> Result<u64, LogError> {
+        let (sequence, ack) = self.enqueue(payload, None)?;
+        self.settle(sequence, ack).await
+    }
+
+    /// Logs the terminal event with the run's final state (one transaction) and closes the
+    /// log; a second call gets [`LogError::Closed`].
+    ///
+    /// # Errors
+    /// [`LogError`] when already closed or the write failed.
+    pub async fn finish(
+        &self,
+        payload: EventPayload,
+        outcome: RunOutcome,
+    ) -> Result<u64, LogError> {
+        let (sequence, ack) = self.enqueue(payload, Some(outcome))?;
+        let result = self.settle(sequence, ack).await;
+        if result.is_ok() {
+            self.log.feed.close(self.run_id);
+        }
+        result
+    }
+
+    /// Waits for the write; when it failed, gives its sequence back (and reopens the log after a
+    /// failed terminal event) so the stored log stays contiguous and a terminal event can still
+    /// be written.
+    async fn settle(
+        &self,
+        sequence: u64,
+        ack: oneshot::Receiver<Result<(), LogError>>,
+    ) -> Result<u64, LogError> {
+        let result = ack.await.unwrap_or(Err(LogError::WriterGone));
+        if let Err(error) = result {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.next_sequence == sequence + 1 {
+                state.next_sequence = sequence;
+                state.closed = false;
+            }
+            return Err(error);
+        }
+        Ok(sequence)
+    }
+
+    fn enqueue(
+        &self,
+        payload: EventPayload,
+        outcome: Option<RunOutcome>,
+    ) -> Result<(u64, oneshot::Receiver<Result<(), LogError>>), LogError> {
+        let terminal = payload.is_terminal();
+        let (done, ack) = oneshot::channel();
+        let sequence = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.closed {
+                return Err(LogError::Closed);
+            }
+            let sequence = state.next_sequence;
+            let event_type = payload.event_type().to_owned();
+            let event = AgentEvent {
+                sequence,
+                run_id: self.run_id,
+                timestamp: Utc::now(),
+                trace_id: self.trace.trace_id.clone(),
+                span_id: self.trace.span_id.clone(),
+                payload,
+            };
+            let data =
+                serde_json::to_string(&event).map_err(|e| LogError::Serialize(e.to_string()))?;
+            let write = EventWrite {
+                run_id: self.run_id,
+                event: Arc::new(LoggedEvent {
+                    sequence,
+                    event_type,
+                    data: Arc::from(data),
+                    terminal,
+                }),
+                outcome,
+            };
+            // Sent under the lock: queue order is sequence order.
+            self.log
+                .queue
+                .send(Pending { write, done })
+                .map_err(|_| LogError::WriterGone)?;
+            state.next_sequence += 1;
+            state.closed = terminal;
+            sequence
+        };
+        Ok((sequence, ack))
+    }
+}

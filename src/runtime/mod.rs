@@ -1,0 +1,378 @@
+//! The runtime: admits runs, executes each in a task it owns, cancels them, recovers runs left
+//! non-terminal by a previous process, and serves watches of the event log.
+
+mod event_log;
+mod run_loop;
+mod watch;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::Stream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
+use crate::domain::{CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId};
+use crate::events::{EventFeed, EventPayload, LoggedEvent, RunFailed};
+use crate::provider::Provider;
+use crate::store::{NewRun, RunOutcome, Store, StoreError};
+
+pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
+
+/// A configured provider: its adapter and its models.
+#[derive(Debug, Clone)]
+pub struct ProviderEntry {
+    /// The adapter.
+    pub provider: Arc<dyn Provider>,
+    /// Its configuration (models, timeouts).
+    pub config: ProviderConfig,
+}
+
+/// Why a run could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateRunError {
+    /// A required field is missing or empty.
+    #[error("`{0}` is required")]
+    MissingField(&'static str),
+    /// A field has a bad value.
+    #[error("`{field}`: {reason}")]
+    InvalidField {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No provider with this id is configured.
+    #[error("no provider `{0}` is configured")]
+    UnknownProvider(String),
+    /// The provider has no model with this name.
+    #[error("provider `{provider}` has no model `{model}` configured")]
+    UnknownModel {
+        /// The provider id.
+        provider: String,
+        /// The model name.
+        model: String,
+    },
+    /// The named session does not exist.
+    #[error("session {0} not found")]
+    SessionNotFound(SessionId),
+    /// The store failed.
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+/// What `cancel_run` did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// Cancellation was requested (or completed); the record as it is now.
+    Cancelling(RunRecord),
+    /// The run had already finished; nothing changed.
+    AlreadyFinished(RunRecord),
+}
+
+#[derive(Debug)]
+struct ActiveRun {
+    cancel: CancellationToken,
+}
+
+/// The agent runtime; one per process, shared by the HTTP handlers.
+#[derive(Debug)]
+pub struct Runtime {
+    store: Arc<dyn Store>,
+    log: EventLog,
+    providers: HashMap<String, ProviderEntry>,
+    config: RuntimeConfig,
+    active: Mutex<HashMap<RunId, ActiveRun>>,
+    tasks: TaskTracker,
+    /// Cancelled when the process stops accepting work; runs still going are then failed.
+    stop: CancellationToken,
+}
+
+impl Runtime {
+    /// A runtime over a store and providers; starts the event log writer.
+    #[must_use]
+    pub fn new(
+        store: Arc<dyn Store>,
+        providers: HashMap<String, ProviderEntry>,
+        config: RuntimeConfig,
+    ) -> Arc<Self> {
+        let feed = Arc::new(EventFeed::new(config.feed_capacity));
+        let log = EventLog::start(store.clone(), feed, config.max_batch_events);
+        Arc::new(Self {
+            store,
+            log,
+            providers,
+            config,
+            active: Mutex::new(HashMap::new()),
+            tasks: TaskTracker::new(),
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The configured providers.
+    #[must_use]
+    pub fn providers(&self) -> &HashMap<String, ProviderEntry> {
+        &self.providers
+    }
+
+    /// The runtime limits in force.
+    #[must_use]
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    fn active(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, ActiveRun>> {
+        self.active.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Validates the request, stores the run with its user message, and starts executing it.
+    ///
+    /// # Errors
+    /// [`CreateRunError`] for a missing field, an unknown provider/model/session, or the store.
+    #[tracing::instrument(skip_all, fields(provider = %request.provider, model = %request.model))]
+    pub async fn create_run(
+        self: &Arc<Self>,
+        request: CreateRunRequest,
+        trace: Option<TraceContext>,
+    ) -> Result<RunRecord, CreateRunError> {
+        let model = self.validate(&request)?;
+        let (session_id, create_session) = match request.session_id.as_deref() {
+            None => (SessionId::new(), true),
+            Some(raw) => (
+                raw.parse().map_err(|_| CreateRunError::InvalidField {
+                    field: "session_id",
+                    reason: "not a UUID".to_owned(),
+                })?,
+                false,
+            ),
+        };
+        let run_id = RunId::new();
+        let new_run = NewRun {
+            id: run_id,
+            session_id,
+            create_session,
+            provider: request.provider,
+            model: request.model,
+            tool_choice: request.tool_choice.unwrap_or_default(),
+            metadata: request.metadata.unwrap_or_else(|| serde_json::json!({})),
+            input: request.input,
+            user_message_id: MessageId::new(),
+            created_at: Utc::now(),
+        };
+        let record = self.store.create_run(&new_run).await.map_err(|e| match e {
+            StoreError::SessionNotFound(id) => CreateRunError::SessionNotFound(id),
+            other => CreateRunError::Store(other),
+        })?;
+        let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
+        self.start(record.clone(), model, trace);
+        Ok(record)
+    }
+
+    fn validate(&self, request: &CreateRunRequest) -> Result<ModelConfig, CreateRunError> {
+        if request.provider.is_empty() {
+            return Err(CreateRunError::MissingField("provider"));
+        }
+        if request.model.is_empty() {
+            return Err(CreateRunError::MissingField("model"));
+        }
+        if request.input.is_empty() {
+            return Err(CreateRunError::MissingField("input"));
+        }
+        if let Some(metadata) = &request.metadata {
+            if !metadata.is_object() {
+                return Err(CreateRunError::InvalidField {
+                    field: "metadata",
+                    reason: "must be a JSON object".to_owned(),
+                });
+            }
+        }
+        let entry = self
+            .providers
+            .get(&request.provider)
+            .ok_or_else(|| CreateRunError::UnknownProvider(request.provider.clone()))?;
+        entry
+            .config
+            .models
+            .get(&request.model)
+            .copied()
+            .ok_or_else(|| CreateRunError::UnknownModel {
+                provider: request.provider.clone(),
+                model: request.model.clone(),
+            })
+    }
+
+    fn start(self: &Arc<Self>, record: RunRecord, model: ModelConfig, trace: TraceContext) {
+        let run_id = record.id;
+        let cancel = CancellationToken::new();
+        self.log.feed().open(run_id);
+        self.active().insert(
+            run_id,
+            ActiveRun {
+                cancel: cancel.clone(),
+            },
+        );
+        let emitter = Arc::new(self.log.emitter(run_id, 0, trace));
+        let runtime = self.clone();
+        self.tasks.spawn(async move {
+            run_loop::supervise(&runtime, record, model, emitter, cancel).await;
+            runtime.active().remove(&run_id);
+        });
+    }
+
+    /// Requests cancellation. A finished run is left alone and reported as such; a run not
+    /// executing in this process is ended with `run_cancelled` directly.
+    ///
+    /// # Errors
+    /// The store's, or `Ok(None)` when the run does not exist.
+    pub async fn cancel_run(&self, run_id: RunId) -> Result<Option<CancelOutcome>, StoreError> {
+        let Some(record) = self.store.get_run(run_id).await? else {
+            return Ok(None);
+        };
+        if record.status.is_terminal() {
+            return Ok(Some(CancelOutcome::AlreadyFinished(record)));
+        }
+        let token = self.active().get(&run_id).map(|run| run.cancel.clone());
+        match token {
+            Some(token) => token.cancel(),
+            None => {
+                // Orphaned: no task of this process owns it.
+                self.end_orphan(
+                    &record,
+                    EventPayload::RunCancelled(Default::default()),
+                    RunStatus::Cancelled,
+                    None,
+                )
+                .await?;
+            }
+        }
+        let now = self.store.get_run(run_id).await?.unwrap_or(record);
+        Ok(Some(CancelOutcome::Cancelling(now)))
+    }
+
+    /// Ends every run left non-terminal by a previous process with `run_failed` (its log gets
+    /// exactly one terminal event). Returns how many were failed.
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn recover(&self) -> Result<usize, StoreError> {
+        let orphans = self.store.active_runs().await?;
+        let mut failed = 0;
+        for run in &orphans {
+            if self.active().contains_key(&run.id) {
+                continue;
+            }
+            let error = "the server stopped while the run was active".to_owned();
+            let payload = EventPayload::RunFailed(RunFailed {
+                error: error.clone(),
+            });
+            self.end_orphan(run, payload, RunStatus::Failed, Some(error))
+                .await?;
+            failed += 1;
+        }
+        if failed > 0 {
+            tracing::warn!(failed, "failed runs left active by a previous process");
+        }
+        Ok(failed)
+    }
+
+    async fn end_orphan(
+        &self,
+        run: &RunRecord,
+        payload: EventPayload,
+        status: RunStatus,
+        error: Option<String>,
+    ) -> Result<(), StoreError> {
+        let last = self.store.last_sequence(run.id).await?;
+        let emitter = self
+            .log
+            .emitter(run.id, last, TraceContext::for_run(run.id));
+        let outcome = RunOutcome {
+            status,
+            finish_reason: None,
+            error,
+        };
+        emitter
+            .finish(payload, outcome)
+            .await
+            .map(|_| ())
+            .map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+
+    /// The run's events after `after`, live, each once, ending with the terminal event.
+    pub fn watch(
+        &self,
+        run_id: RunId,
+        after: u64,
+    ) -> impl Stream<Item = Result<Arc<LoggedEvent>, StoreError>> + Send + 'static {
+        let live = self.log.feed().subscribe(run_id);
+        watch::watch(self.store.clone(), run_id, live, after)
+    }
+
+    /// Stops admitting work and waits up to `grace` for active runs; runs still going are then
+    /// failed with `run_failed` ("server shutting down").
+    pub async fn shutdown(&self, grace: Duration) {
+        self.tasks.close();
+        if tokio::time::timeout(grace, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            self.stop.cancel();
+            self.tasks.wait().await;
+        }
+    }
+
+    /// Whether the runtime is stopping.
+    #[must_use]
+    pub fn is_stopping(&self) -> bool {
+        self.stop.is_cancelled() || self.tasks.is_closed()
+    }
+}
+
+impl TraceContext {
+    /// A fresh trace for a run with no incoming `traceparent`: the run id as trace id.
+    #[must_use]
+    pub fn for_run(run_id: RunId) -> Self {
+        let span = uuid::Uuid::new_v4().simple().to_string();
+        Self {
+            trace_id: run_id.0.simple().to_string(),
+            span_id: span[..16].to_owned(),
+        }
+    }
+
+    /// Parses a W3C `traceparent` header (`00-<32 hex>-<16 hex>-<2 hex>`); the run gets a new
+    /// span id under the caller's trace. `None` when malformed or all-zero.
+    #[must_use]
+    pub fn from_traceparent(header: &str) -> Option<Self> {
+        let mut parts = header.trim().split('-');
+        let (version, trace_id, parent, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let hex = |s: &str, len: usize| {
+            s.len() == len
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        let valid = hex(version, 2)
+            && version != "ff"
+            && hex(trace_id, 32)
+            && hex(parent, 16)
+            && hex(flags, 2)
+            && trace_id.bytes().any(|b| b != b'0')
+            && parent.bytes().any(|b| b != b'0');
+        valid.then(|| {
+            let span = uuid::Uuid::new_v4().simple().to_string();
+            Self {
+                trace_id: trace_id.to_owned(),
+                span_id: span[..16].to_owned(),
+            }
+        })
+    }
+}

@@ -1,0 +1,103 @@
+//! Watching a run: subscribe to the live feed, replay from the store after the cursor, then
+//! forward live events. Any gap in `sequence` (the replay/live race, a lagging watcher, a
+//! closed feed) is filled from the store, which holds every published event; any sequence
+//! already sent is dropped. The stream ends after the terminal event.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::domain::RunId;
+use crate::events::{FeedSubscription, LoggedEvent};
+use crate::store::{Store, StoreError};
+
+/// Events read from the store per query.
+const PAGE: u32 = 512;
+/// How often a run that is not live in this process is polled in the store.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+struct Watch {
+    store: Arc<dyn Store>,
+    run_id: RunId,
+    live: Option<FeedSubscription>,
+    last_sent: u64,
+    replay: VecDeque<Arc<LoggedEvent>>,
+    read_store: bool,
+    done: bool,
+}
+
+/// The run's events with `sequence > after`, in order, each exactly once, ending with the
+/// terminal event. `live` must be subscribed before this is called (subscribe, then replay).
+pub fn watch(
+    store: Arc<dyn Store>,
+    run_id: RunId,
+    live: Option<FeedSubscription>,
+    after: u64,
+) -> impl Stream<Item = Result<Arc<LoggedEvent>, StoreError>> + Send + 'static {
+    let watch = Watch {
+        store,
+        run_id,
+        live,
+        last_sent: after,
+        replay: VecDeque::new(),
+        read_store: true,
+        done: false,
+    };
+    futures::stream::unfold(watch, |mut watch| async move {
+        let item = watch.next().await?;
+        if item.is_err() {
+            watch.done = true;
+        }
+        Some((item, watch))
+    })
+}
+
+impl Watch {
+    async fn next(&mut self) -> Option<Result<Arc<LoggedEvent>, StoreError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if let Some(event) = self.replay.pop_front() {
+                if event.sequence <= self.last_sent {
+                    continue;
+                }
+                self.last_sent = event.sequence;
+                self.done = event.terminal;
+                return Some(Ok(event));
+            }
+            if self.read_store {
+                let page = match self
+                    .store
+                    .read_events(self.run_id, self.last_sent, PAGE)
+                    .await
+                {
+                    Ok(page) => page,
+                    Err(error) => return Some(Err(error)),
+                };
+                self.read_store = page.len() == PAGE as usize;
+                self.replay.extend(page.into_iter().map(Arc::new));
+                continue;
+            }
+            let Some(live) = self.live.as_mut() else {
+                // Not live here (finished, or executing elsewhere): poll the store.
+                tokio::time::sleep(POLL_INTERVAL).await;
+                self.read_store = true;
+                continue;
+            };
+            match live.recv().await {
+                Ok(event) if event.sequence == self.last_sent + 1 => self.replay.push_back(event),
+                Ok(event) if event.sequence <= self.last_sent => {}
+                // A gap: the store has everything up to this durable event.
+                Ok(_) | Err(RecvError::Lagged(_)) => self.read_store = true,
+                Err(RecvError::Closed) => {
+                    self.live = None;
+                    self.read_store = true;
+                }
+            }
+        }
+    }
+}

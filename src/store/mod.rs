@@ -1,0 +1,176 @@
+//! Persistence of sessions, messages, runs and events: one [`Store`] trait, implemented for
+//! SQLite (the embedded default) and PostgreSQL. Both share the SQL in `sql.rs` and pass the
+//! same test suite.
+
+mod postgres;
+mod sql;
+mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::domain::{
+    FinishReason, Message, MessageId, Role, RunId, RunRecord, RunStatus, Session, SessionId,
+    TokenUsage, ToolChoice,
+};
+use crate::events::LoggedEvent;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// Why a store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed or is unreachable.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations could not be applied.
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The session named by a new run does not exist.
+    #[error("session {0} not found")]
+    SessionNotFound(SessionId),
+    /// A stored value could not be read back (a bug or a foreign write).
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+    /// The database URL is neither `sqlite:` nor `postgres:`.
+    #[error("unsupported database URL (use sqlite://PATH or postgres://…)")]
+    UnsupportedUrl,
+}
+
+/// Shorthand for store results.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A run to create, with its first (user) message.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    /// The new run's id.
+    pub id: RunId,
+    /// The session: an existing one, or a new one to create with this id.
+    pub session_id: SessionId,
+    /// True when `session_id` is new and must be created.
+    pub create_session: bool,
+    /// Provider id.
+    pub provider: String,
+    /// Model name.
+    pub model: String,
+    /// Tool choice.
+    pub tool_choice: ToolChoice,
+    /// Client metadata (a JSON object).
+    pub metadata: serde_json::Value,
+    /// The user's input, stored as one user message with id `user_message_id`.
+    pub input: String,
+    /// Id of the user message.
+    pub user_message_id: MessageId,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Filter and page of `list_runs`, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    /// Only runs of this session.
+    pub session_id: Option<SessionId>,
+    /// Only runs in this status.
+    pub status: Option<RunStatus>,
+    /// Only runs older than this one (the cursor).
+    pub before: Option<RunId>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// One event to append, already serialized.
+#[derive(Debug, Clone)]
+pub struct EventWrite {
+    /// The run.
+    pub run_id: RunId,
+    /// The event, as it will be replayed.
+    pub event: Arc<LoggedEvent>,
+    /// For the terminal event: the run's final state, written in the same transaction.
+    pub outcome: Option<RunOutcome>,
+}
+
+/// The final state of a run, written with its terminal event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    /// `completed`, `failed` or `cancelled`.
+    pub status: RunStatus,
+    /// Why the model stopped, for a completed run.
+    pub finish_reason: Option<FinishReason>,
+    /// The error, for a failed run.
+    pub error: Option<String>,
+}
+
+/// The persistence the runtime and the API need.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Creates the run (and its session when new) and stores the user input as one message,
+    /// all in one transaction.
+    ///
+    /// # Errors
+    /// [`StoreError::SessionNotFound`] when an existing session was named and is missing.
+    async fn create_run(&self, run: &NewRun) -> StoreResult<RunRecord>;
+
+    /// The run, if it exists.
+    async fn get_run(&self, id: RunId) -> StoreResult<Option<RunRecord>>;
+
+    /// A page of runs, newest first.
+    async fn list_runs(&self, filter: &RunFilter) -> StoreResult<Vec<RunRecord>>;
+
+    /// Moves a non-terminal run to another non-terminal status; terminal runs are left alone.
+    async fn set_run_status(&self, id: RunId, status: RunStatus) -> StoreResult<()>;
+
+    /// Records progress after a model call: iterations so far and total usage.
+    async fn record_progress(
+        &self,
+        id: RunId,
+        iterations: u32,
+        usage: TokenUsage,
+    ) -> StoreResult<()>;
+
+    /// Appends events (any runs, each run's in sequence order) in one transaction, applying
+    /// terminal outcomes to their runs in the same transaction.
+    async fn append_events(&self, events: &[EventWrite]) -> StoreResult<()>;
+
+    /// Up to `limit` events of the run with `sequence > after`, in order.
+    async fn read_events(
+        &self,
+        run_id: RunId,
+        after: u64,
+        limit: u32,
+    ) -> StoreResult<Vec<LoggedEvent>>;
+
+    /// The highest sequence stored for the run (0 when none).
+    async fn last_sequence(&self, run_id: RunId) -> StoreResult<u64>;
+
+    /// Stores a message.
+    async fn add_message(&self, message: &Message) -> StoreResult<()>;
+
+    /// The session's messages, oldest first.
+    async fn session_messages(&self, session_id: SessionId) -> StoreResult<Vec<Message>>;
+
+    /// The run's messages with this role, oldest first.
+    async fn run_messages(&self, run_id: RunId, role: Role) -> StoreResult<Vec<Message>>;
+
+    /// The session, if it exists.
+    async fn get_session(&self, id: SessionId) -> StoreResult<Option<Session>>;
+
+    /// Every run not in a terminal status (for recovery at startup).
+    async fn active_runs(&self) -> StoreResult<Vec<RunRecord>>;
+}
+
+/// Opens the store a URL names, creating the SQLite file when missing, and applies migrations.
+///
+/// # Errors
+/// [`StoreError::UnsupportedUrl`], or the connection/migration error.
+pub async fn connect(url: &str) -> StoreResult<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(PostgresStore::connect(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl)
+    }
+}

@@ -1,0 +1,37 @@
+//! PostgreSQL backend, for deployments that outgrow one machine.
+
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+
+use super::StoreResult;
+use super::sql::impl_store;
+
+/// The PostgreSQL store.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to a `postgres://` URL and migrates the database.
+    ///
+    /// # Errors
+    /// When the server is unreachable or a migration fails.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        let options = PgConnectOptions::from_str(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    async fn begin_write(&self) -> StoreResult<Transaction<'static, Postgres>> {
+        Ok(self.pool.begin().await?)
+    }
+}
+
+impl_store!(PostgresStore, Postgres);

@@ -1,0 +1,452 @@
+//! SQL shared by both backends: row types and the [`Store`](super::Store) implementation, which
+//! a macro instantiates once per backend (the queries are the same text; sqlx's types differ).
+//! JSON is stored as text on both backends so it reads back byte for byte.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{StoreError, StoreResult};
+use crate::domain::{
+    FinishReason, Message, MessageId, Role, RunId, RunRecord, RunStatus, Session, SessionId,
+    TokenUsage,
+};
+use crate::events::LoggedEvent;
+
+pub(super) const RUN_COLUMNS: &str = "id, session_id, status, provider, model, tool_choice, \
+     metadata, iterations, finish_reason, input_tokens, output_tokens, total_tokens, error, \
+     created_at, updated_at";
+
+pub(super) const MESSAGE_COLUMNS: &str =
+    "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at";
+
+#[derive(sqlx::FromRow)]
+pub(super) struct RunRow {
+    id: Uuid,
+    session_id: Uuid,
+    status: String,
+    provider: String,
+    model: String,
+    tool_choice: String,
+    metadata: String,
+    iterations: i64,
+    finish_reason: Option<String>,
+    input_tokens: i64,
+    output_tokens: i64,
+    total_tokens: i64,
+    error: Option<String>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+fn corrupt(what: &str, value: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {value}"))
+}
+
+fn json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| corrupt(what, e))
+}
+
+pub(super) fn to_json<T: serde::Serialize>(value: &T) -> StoreResult<String> {
+    serde_json::to_string(value).map_err(|e| corrupt("serialize", e))
+}
+
+fn count(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+pub(super) fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl TryFrom<RunRow> for RunRecord {
+    type Error = StoreError;
+
+    fn try_from(row: RunRow) -> StoreResult<Self> {
+        Ok(Self {
+            id: RunId(row.id),
+            session_id: SessionId(row.session_id),
+            status: RunStatus::parse(&row.status).ok_or_else(|| corrupt("status", &row.status))?,
+            provider: row.provider,
+            model: row.model,
+            tool_choice: json("tool_choice", &row.tool_choice)?,
+            metadata: json("metadata", &row.metadata)?,
+            iterations: u32::try_from(row.iterations).unwrap_or(u32::MAX),
+            finish_reason: row
+                .finish_reason
+                .map(|r| FinishReason::parse(&r).ok_or_else(|| corrupt("finish_reason", r)))
+                .transpose()?,
+            total_usage: TokenUsage {
+                input_tokens: count(row.input_tokens),
+                output_tokens: count(row.output_tokens),
+                total_tokens: count(row.total_tokens),
+            },
+            error: row.error,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct MessageRow {
+    id: Uuid,
+    session_id: Uuid,
+    run_id: Uuid,
+    role: String,
+    content: String,
+    tool_calls: String,
+    tool_call_id: Option<String>,
+    tool_name: Option<String>,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<MessageRow> for Message {
+    type Error = StoreError;
+
+    fn try_from(row: MessageRow) -> StoreResult<Self> {
+        Ok(Self {
+            id: MessageId(row.id),
+            session_id: SessionId(row.session_id),
+            run_id: RunId(row.run_id),
+            role: Role::parse(&row.role).ok_or_else(|| corrupt("role", &row.role))?,
+            content: json("content", &row.content)?,
+            tool_calls: json("tool_calls", &row.tool_calls)?,
+            tool_call_id: row.tool_call_id,
+            tool_name: row.tool_name,
+            created_at: row.created_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct EventRow {
+    sequence: i64,
+    event_type: String,
+    data: String,
+    terminal: bool,
+}
+
+impl From<EventRow> for LoggedEvent {
+    fn from(row: EventRow) -> Self {
+        Self {
+            sequence: count(row.sequence),
+            event_type: row.event_type,
+            data: Arc::from(row.data),
+            terminal: row.terminal,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct SessionRow {
+    id: Uuid,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<SessionRow> for Session {
+    fn from(row: SessionRow) -> Self {
+        Self {
+            id: SessionId(row.id),
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+pub(super) fn runs<R: TryInto<RunRecord, Error = StoreError>>(
+    rows: Vec<R>,
+) -> StoreResult<Vec<RunRecord>> {
+    rows.into_iter().map(TryInto::try_into).collect()
+}
+
+pub(super) fn messages(rows: Vec<MessageRow>) -> StoreResult<Vec<Message>> {
+    rows.into_iter().map(TryInto::try_into).collect()
+}
+
+/// Implements [`Store`](super::Store) for a backend struct with a `pool` field and an
+/// `async fn begin_write(&self)` that opens a write transaction.
+macro_rules! impl_store {
+    ($store:ty, $db:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::Store for $store {
+            #[tracing::instrument(skip_all, fields(run_id = %run.id))]
+            async fn create_run(
+                &self,
+                run: &$crate::store::NewRun,
+            ) -> $crate::store::StoreResult<$crate::domain::RunRecord> {
+                use $crate::store::sql::{MESSAGE_COLUMNS, RUN_COLUMNS, to_json};
+                let mut tx = self.begin_write().await?;
+                if run.create_session {
+                    sqlx::query("INSERT INTO sessions (id, created_at, updated_at) VALUES ($1, $2, $2)")
+                        .bind(run.session_id.0)
+                        .bind(run.created_at)
+                        .execute(&mut *tx)
+                        .await?;
+                } else {
+                    let updated = sqlx::query("UPDATE sessions SET updated_at = $2 WHERE id = $1")
+                        .bind(run.session_id.0)
+                        .bind(run.created_at)
+                        .execute(&mut *tx)
+                        .await?;
+                    if updated.rows_affected() == 0 {
+                        return Err($crate::store::StoreError::SessionNotFound(run.session_id));
+                    }
+                }
+                let row: $crate::store::sql::RunRow = sqlx::query_as(&format!(
+                    "INSERT INTO runs (id, session_id, status, provider, model, tool_choice, metadata, \
+                     iterations, input_tokens, output_tokens, total_tokens, created_at, updated_at) \
+                     VALUES ($1, $2, 'pending', $3, $4, $5, $6, 0, 0, 0, 0, $7, $7) RETURNING {RUN_COLUMNS}"
+                ))
+                .bind(run.id.0)
+                .bind(run.session_id.0)
+                .bind(&run.provider)
+                .bind(&run.model)
+                .bind(to_json(&run.tool_choice)?)
+                .bind(to_json(&run.metadata)?)
+                .bind(run.created_at)
+                .fetch_one(&mut *tx)
+                .await?;
+                let content = to_json(&[$crate::domain::ContentPart::Text { text: run.input.clone() }])?;
+                sqlx::query(&format!(
+                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, '[]', NULL, NULL, $5)"
+                ))
+                .bind(run.user_message_id.0)
+                .bind(run.session_id.0)
+                .bind(run.id.0)
+                .bind(content)
+                .bind(run.created_at)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                row.try_into()
+            }
+
+            async fn get_run(
+                &self,
+                id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<Option<$crate::domain::RunRecord>> {
+                use $crate::store::sql::RUN_COLUMNS;
+                let row: Option<$crate::store::sql::RunRow> =
+                    sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"))
+                        .bind(id.0)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                row.map(TryInto::try_into).transpose()
+            }
+
+            async fn list_runs(
+                &self,
+                filter: &$crate::store::RunFilter,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::RunRecord>> {
+                use $crate::store::sql::RUN_COLUMNS;
+                let mut query = sqlx::QueryBuilder::<$db>::new(format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1"));
+                if let Some(session_id) = filter.session_id {
+                    query.push(" AND session_id = ").push_bind(session_id.0);
+                }
+                if let Some(status) = filter.status {
+                    query.push(" AND status = ").push_bind(status.as_str());
+                }
+                if let Some(before) = filter.before {
+                    query.push(" AND id < ").push_bind(before.0);
+                }
+                query.push(" ORDER BY id DESC LIMIT ").push_bind(i64::from(filter.limit));
+                let rows: Vec<$crate::store::sql::RunRow> =
+                    query.build_query_as().fetch_all(&self.pool).await?;
+                $crate::store::sql::runs(rows)
+            }
+
+            async fn set_run_status(
+                &self,
+                id: $crate::domain::RunId,
+                status: $crate::domain::RunStatus,
+            ) -> $crate::store::StoreResult<()> {
+                sqlx::query(
+                    "UPDATE runs SET status = $2, updated_at = $3 \
+                     WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')",
+                )
+                .bind(id.0)
+                .bind(status.as_str())
+                .bind(chrono::Utc::now())
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn record_progress(
+                &self,
+                id: $crate::domain::RunId,
+                iterations: u32,
+                usage: $crate::domain::TokenUsage,
+            ) -> $crate::store::StoreResult<()> {
+                use $crate::store::sql::to_i64;
+                sqlx::query(
+                    "UPDATE runs SET iterations = $2, input_tokens = $3, output_tokens = $4, \
+                     total_tokens = $5, updated_at = $6 WHERE id = $1",
+                )
+                .bind(id.0)
+                .bind(i64::from(iterations))
+                .bind(to_i64(usage.input_tokens))
+                .bind(to_i64(usage.output_tokens))
+                .bind(to_i64(usage.total_tokens))
+                .bind(chrono::Utc::now())
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn append_events(
+                &self,
+                events: &[$crate::store::EventWrite],
+            ) -> $crate::store::StoreResult<()> {
+                use $crate::store::sql::to_i64;
+                if events.is_empty() {
+                    return Ok(());
+                }
+                let mut tx = self.begin_write().await?;
+                // One multi-row INSERT per chunk keeps group commit to a few statements.
+                for chunk in events.chunks(200) {
+                    let mut insert = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO events (run_id, sequence, event_type, data, terminal) ",
+                    );
+                    insert.push_values(chunk, |mut row, write| {
+                        row.push_bind(write.run_id.0)
+                            .push_bind(to_i64(write.event.sequence))
+                            .push_bind(write.event.event_type.as_str())
+                            .push_bind(&*write.event.data)
+                            .push_bind(write.event.terminal);
+                    });
+                    insert.build().execute(&mut *tx).await?;
+                }
+                for write in events {
+                    let Some(outcome) = &write.outcome else { continue };
+                    sqlx::query(
+                        "UPDATE runs SET status = $2, finish_reason = $3, error = $4, updated_at = $5 \
+                         WHERE id = $1",
+                    )
+                    .bind(write.run_id.0)
+                    .bind(outcome.status.as_str())
+                    .bind(outcome.finish_reason.map(|r| r.as_str()))
+                    .bind(outcome.error.as_deref())
+                    .bind(chrono::Utc::now())
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn read_events(
+                &self,
+                run_id: $crate::domain::RunId,
+                after: u64,
+                limit: u32,
+            ) -> $crate::store::StoreResult<Vec<$crate::events::LoggedEvent>> {
+                use $crate::store::sql::to_i64;
+                let rows: Vec<$crate::store::sql::EventRow> = sqlx::query_as(
+                    "SELECT sequence, event_type, data, terminal FROM events \
+                     WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
+                )
+                .bind(run_id.0)
+                .bind(to_i64(after))
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            async fn last_sequence(
+                &self,
+                run_id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<u64> {
+                let last: Option<i64> =
+                    sqlx::query_scalar("SELECT MAX(sequence) FROM events WHERE run_id = $1")
+                        .bind(run_id.0)
+                        .fetch_one(&self.pool)
+                        .await?;
+                Ok(last.and_then(|s| u64::try_from(s).ok()).unwrap_or(0))
+            }
+
+            async fn add_message(
+                &self,
+                message: &$crate::domain::Message,
+            ) -> $crate::store::StoreResult<()> {
+                use $crate::store::sql::{MESSAGE_COLUMNS, to_json};
+                sqlx::query(&format!(
+                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                ))
+                .bind(message.id.0)
+                .bind(message.session_id.0)
+                .bind(message.run_id.0)
+                .bind(message.role.as_str())
+                .bind(to_json(&message.content)?)
+                .bind(to_json(&message.tool_calls)?)
+                .bind(message.tool_call_id.as_deref())
+                .bind(message.tool_name.as_deref())
+                .bind(message.created_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn session_messages(
+                &self,
+                session_id: $crate::domain::SessionId,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Message>> {
+                use $crate::store::sql::MESSAGE_COLUMNS;
+                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 ORDER BY seq"
+                ))
+                .bind(session_id.0)
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::messages(rows)
+            }
+
+            async fn run_messages(
+                &self,
+                run_id: $crate::domain::RunId,
+                role: $crate::domain::Role,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Message>> {
+                use $crate::store::sql::MESSAGE_COLUMNS;
+                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE run_id = $1 AND role = $2 ORDER BY seq"
+                ))
+                .bind(run_id.0)
+                .bind(role.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::messages(rows)
+            }
+
+            async fn get_session(
+                &self,
+                id: $crate::domain::SessionId,
+            ) -> $crate::store::StoreResult<Option<$crate::domain::Session>> {
+                let row: Option<$crate::store::sql::SessionRow> =
+                    sqlx::query_as("SELECT id, created_at, updated_at FROM sessions WHERE id = $1")
+                        .bind(id.0)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                Ok(row.map(Into::into))
+            }
+
+            async fn active_runs(
+                &self,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::RunRecord>> {
+                use $crate::store::sql::RUN_COLUMNS;
+                let rows: Vec<$crate::store::sql::RunRow> = sqlx::query_as(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs \
+                     WHERE status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id"
+                ))
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::runs(rows)
+            }
+        }
+    };
+}
+
+pub(super) use impl_store;
