@@ -1,0 +1,5 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, reason = "each test crate uses a different subset")]
+
+pub mod db;
+pub mod server;
