@@ -131,6 +131,11 @@ impl From<JsonRejection> for ApiError {
                 "unsupported_media_type",
                 "send the body as `Content-Type: application/json`",
             ),
+            other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "the body is larger than the server accepts",
+            ),
             other => Self::new(other.status(), "invalid_body", other.body_text()),
         }
     }
