@@ -210,8 +210,7 @@ impl Config {
             ));
         }
         for (id, provider) in &mut self.providers {
-            if !provider.base_url.starts_with("http://")
-                && !provider.base_url.starts_with("https://")
+            if !provider.base_url.starts_with("http://") && !provider.base_url.starts_with("https://")
             {
                 return Err(ConfigError::Check(format!(
                     "providers.{id}.base_url must start with http:// or https://"

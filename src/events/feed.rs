@@ -44,9 +44,7 @@ impl EventFeed {
         }
     }
 
-    fn runs(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<RunId, broadcast::Sender<Arc<LoggedEvent>>>> {
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, broadcast::Sender<Arc<LoggedEvent>>>> {
         self.runs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -3,9 +3,9 @@
 //! flattened into an envelope, so the components are assembled here from the payloads' derived
 //! schemas.
 
-use utoipa::ToSchema;
 use utoipa::openapi::schema::{Discriminator, Object, ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::openapi::{KnownFormat, RefOr, SchemaFormat};
+use utoipa::ToSchema;
 
 use super::{AgentEvent, variant_schemas};
 
@@ -74,7 +74,9 @@ fn envelope() -> Object {
                 .schema_type(Type::Integer)
                 .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
                 .minimum(Some(1))
-                .description(Some("Per-run position, contiguous from 1; the SSE `id:`.")),
+                .description(Some(
+                    "Per-run position, contiguous from 1; the SSE `id:`.",
+                )),
         )
         .property(
             "run_id",
@@ -82,10 +84,7 @@ fn envelope() -> Object {
         )
         .property(
             "timestamp",
-            formatted(
-                KnownFormat::DateTime,
-                "When the event was emitted (RFC 3339, UTC).",
-            ),
+            formatted(KnownFormat::DateTime, "When the event was emitted (RFC 3339, UTC)."),
         )
         .property(
             "trace_id",
