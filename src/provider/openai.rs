@@ -1,33 +1,1012 @@
-//! OpenAI Chat Completions, streaming (and compatible servers).
+//! OpenAI Chat Completions, streaming (and compatible servers: vLLM, Ollama, llama.cpp, …).
+//!
+//! Wire format: `POST {base_url}/chat/completions` with `stream: true`, answered by Server-Sent
+//! Events whose `data:` lines are `chat.completion.chunk` objects and end with `data: [DONE]`
+//! (<https://platform.openai.com/docs/api-reference/chat/create>,
+//! <https://platform.openai.com/docs/api-reference/chat-streaming>).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::{Stream, StreamExt};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap};
+use secrecy::ExposeSecret;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
 
-use super::{ErrorClass, ModelRequest, ModelStream, Provider, ProviderError};
-use crate::config::ProviderConfig;
+use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
+use crate::config::{ProviderConfig, Secret, TimeoutConfig};
+use crate::domain::{
+    ContentPart, FinishReason, Message, Role, TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
+};
+use crate::events::CacheMetrics;
 
-/// Adapter for `kind = "openai"`.
+/// Most bytes of an error response body read for its message (64 KiB).
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// Most characters of a body or chunk quoted in an error message.
+const EXCERPT_CHARS: usize = 200;
+
+/// Adapter for `kind = "openai"`: one streaming Chat Completions call per
+/// [`Provider::stream`], without retries.
 #[derive(Debug)]
 pub struct OpenAi {
     id: String,
+    client: reqwest::Client,
+    /// Base URL without a trailing `/`, e.g. `https://api.openai.com/v1`.
+    base_url: String,
+    api_key: Option<Secret>,
+    timeouts: TimeoutConfig,
 }
 
 impl OpenAi {
-    /// Builds the adapter.
+    /// Builds the adapter: an HTTP client with the configured connect timeout (ms), the base
+    /// URL (trailing `/` trimmed) and the API key, sent as `Authorization: Bearer` when set.
     ///
     /// # Errors
-    /// When the HTTP client cannot be built.
-    pub fn new(id: &str, _config: &ProviderConfig) -> Result<Self, ProviderError> {
-        Ok(Self { id: id.to_owned() })
+    /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
+    pub fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(config.timeouts.connect_ms))
+            .user_agent(concat!("behest/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                ProviderError::new(
+                    id,
+                    ErrorClass::InvalidRequest,
+                    format!("cannot build the HTTP client: {}", error_chain(&e)),
+                )
+            })?;
+        Ok(Self {
+            id: id.to_owned(),
+            client,
+            base_url: config.base_url.trim_end_matches('/').to_owned(),
+            api_key: config.api_key.clone(),
+            timeouts: config.timeouts,
+        })
+    }
+
+    /// Sends one request body and returns the response once its status is a success; the
+    /// part a retry policy wraps. Waits at most until the first-byte (or total) deadline.
+    ///
+    /// # Errors
+    /// `timeout` when a deadline fires, `transport` when the connection fails, and the class
+    /// of the status (see [`classify`]) for a non-2xx answer.
+    async fn send(
+        &self,
+        body: &Value,
+        deadlines: &Deadlines,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let url = format!("{}/chat/completions", self.base_url);
+        let mut builder = self
+            .client
+            .post(url)
+            .header(ACCEPT, "text/event-stream")
+            .json(body);
+        if let Some(key) = &self.api_key {
+            builder = builder.bearer_auth(key.0.expose_secret());
+        }
+        let (deadline, which) = deadlines.first_byte();
+        let response = match tokio::time::timeout_at(deadline, builder.send()).await {
+            Err(_) => return Err(ProviderError::new(&self.id, ErrorClass::Timeout, which)),
+            Ok(Err(e)) => return Err(self.request_error(&e)),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        if status.is_success() {
+            let json_body = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("application/json"));
+            if json_body {
+                return Err(ProviderError {
+                    status: Some(status.as_u16()),
+                    ..ProviderError::new(
+                        &self.id,
+                        ErrorClass::Server,
+                        "expected an event stream, got application/json",
+                    )
+                });
+            }
+            return Ok(response);
+        }
+        let retry_after = retry_after(response.headers());
+        let body = read_bounded(response, deadlines.total).await;
+        let detail = ErrorDetail::from_body(&body);
+        let status = status.as_u16();
+        Err(ProviderError {
+            provider: self.id.clone(),
+            class: classify(Some(status), &detail),
+            status: Some(status),
+            message: detail.message_or(&body, status),
+            retry_after,
+        })
+    }
+
+    fn request_error(&self, error: &reqwest::Error) -> ProviderError {
+        let class = if error.is_timeout() {
+            ErrorClass::Timeout
+        } else {
+            ErrorClass::Transport
+        };
+        let mut message = error_chain(error);
+        if error.is_connect() && error.is_timeout() {
+            message = format!(
+                "connect timeout ({} ms): {message}",
+                self.timeouts.connect_ms
+            );
+        }
+        ProviderError::new(&self.id, class, message)
     }
 }
 
 #[async_trait]
 impl Provider for OpenAi {
-    async fn stream(&self, _request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        Err(ProviderError::new(
-            &self.id,
-            ErrorClass::Server,
-            "not implemented",
-        ))
+    #[tracing::instrument(skip_all, fields(provider = %self.id, model = %request.model))]
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
+        let deadlines = Deadlines::start(&self.timeouts);
+        let body = request_body(&request);
+        let response = self.send(&body, &deadlines).await?;
+        let bytes = with_timeouts(response.bytes_stream(), deadlines);
+        Ok(parse_stream(&self.id, bytes))
     }
 }
+
+/// The deadlines of one call, from the moment it starts.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    first_byte: Instant,
+    total: Instant,
+    idle: Duration,
+    timeouts: TimeoutConfig,
+}
+
+impl Deadlines {
+    fn start(timeouts: &TimeoutConfig) -> Self {
+        let now = Instant::now();
+        Self {
+            first_byte: now + Duration::from_millis(timeouts.first_byte_ms),
+            total: now + Duration::from_millis(timeouts.total_ms),
+            idle: Duration::from_millis(timeouts.idle_ms),
+            timeouts: *timeouts,
+        }
+    }
+
+    /// The deadline for the response head and first chunk, and the message when it fires.
+    fn first_byte(&self) -> (Instant, String) {
+        self.earlier(
+            self.first_byte,
+            format!("first-byte timeout ({} ms)", self.timeouts.first_byte_ms),
+        )
+    }
+
+    /// The deadline for the next chunk, and the message when it fires.
+    fn next_chunk(&self) -> (Instant, String) {
+        self.earlier(
+            Instant::now() + self.idle,
+            format!("idle timeout ({} ms between chunks)", self.timeouts.idle_ms),
+        )
+    }
+
+    fn earlier(&self, deadline: Instant, name: String) -> (Instant, String) {
+        if self.total <= deadline {
+            (
+                self.total,
+                format!("total timeout ({} ms)", self.timeouts.total_ms),
+            )
+        } else {
+            (deadline, name)
+        }
+    }
+}
+
+/// Applies the first-byte, idle and total deadlines to a response body; after a timeout the
+/// stream ends.
+fn with_timeouts<S, B, E>(
+    bytes: S,
+    deadlines: Deadlines,
+) -> impl Stream<Item = Result<B, ReadError>> + Send + 'static
+where
+    S: Stream<Item = Result<B, E>> + Send + 'static,
+    B: Send + 'static,
+    E: Into<ReadError> + Send + 'static,
+{
+    futures::stream::unfold(
+        (Box::pin(bytes), true, false),
+        move |(mut bytes, first, done)| async move {
+            if done {
+                return None;
+            }
+            let (deadline, which) = if first {
+                deadlines.first_byte()
+            } else {
+                deadlines.next_chunk()
+            };
+            match tokio::time::timeout_at(deadline, bytes.next()).await {
+                Err(_) => Some((
+                    Err(ReadError {
+                        class: ErrorClass::Timeout,
+                        message: which,
+                    }),
+                    (bytes, first, true),
+                )),
+                Ok(None) => None,
+                Ok(Some(Ok(chunk))) => Some((Ok(chunk), (bytes, false, false))),
+                Ok(Some(Err(e))) => Some((Err(e.into()), (bytes, first, true))),
+            }
+        },
+    )
+}
+
+/// Reads at most [`MAX_ERROR_BODY_BYTES`] of an error response, until `deadline`; what could
+/// not be read is left out.
+async fn read_bounded(mut response: reqwest::Response, deadline: Instant) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY_BYTES {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(MAX_ERROR_BODY_BYTES);
+    body
+}
+
+/// `retry-after-ms` (OpenAI, ms) or `retry-after` (RFC 9110, delay in seconds; HTTP dates are
+/// ignored).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
+        if ms.is_finite() && ms >= 0.0 {
+            return Some(Duration::from_secs_f64(ms / 1000.0));
+        }
+    }
+    header("retry-after")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+/// An error's message with its sources, e.g. `error sending request: tcp connect error: …`.
+/// The URL is left out (it may carry credentials of some deployments).
+fn error_chain(error: &reqwest::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// The first [`EXCERPT_CHARS`] characters of `text`, on one line.
+fn excerpt(text: &str) -> String {
+    let mut out: String = text
+        .trim()
+        .chars()
+        .take(EXCERPT_CHARS)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.trim().chars().count() > EXCERPT_CHARS {
+        out.push('…');
+    }
+    out
+}
+
+/// What an error body or an in-stream error object says.
+#[derive(Debug, Default)]
+struct ErrorDetail {
+    message: Option<String>,
+    /// `error.code` or `error.type` strings, e.g. `context_length_exceeded`.
+    codes: Vec<String>,
+    /// A numeric `code`/`status` some compatible servers put in the error object.
+    status: Option<u16>,
+}
+
+impl ErrorDetail {
+    /// Reads `{"error": {"message", "type", "code"}}`, `{"error": "…"}`, `{"message": "…"}`
+    /// or `{"detail": "…"}`; anything else gives an empty detail.
+    fn from_body(body: &[u8]) -> Self {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(object)) => match object.get("error") {
+                Some(error) => Self::from_error(error),
+                None => Self::from_error(&Value::Object(object)),
+            },
+            _ => Self::default(),
+        }
+    }
+
+    fn from_error(error: &Value) -> Self {
+        let mut detail = Self::default();
+        match error {
+            Value::String(message) => detail.message = Some(message.clone()),
+            Value::Object(object) => {
+                detail.message = ["message", "detail", "error"]
+                    .iter()
+                    .find_map(|key| object.get(*key).and_then(Value::as_str))
+                    .map(str::to_owned);
+                for key in ["code", "type", "status"] {
+                    match object.get(key) {
+                        Some(Value::String(code)) => detail.codes.push(code.clone()),
+                        Some(Value::Number(n)) => {
+                            detail.status = n.as_u64().and_then(|n| u16::try_from(n).ok());
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        detail
+    }
+
+    fn has_code(&self, needle: &str) -> bool {
+        self.codes
+            .iter()
+            .any(|code| code.to_ascii_lowercase().contains(needle))
+    }
+
+    fn is_context_length(&self) -> bool {
+        if self.has_code("context_length_exceeded") {
+            return true;
+        }
+        let message = self.message.as_deref().unwrap_or("").to_lowercase();
+        [
+            "maximum context length",
+            "context length",
+            "too many tokens",
+            "context window",
+        ]
+        .iter()
+        .any(|phrase| message.contains(phrase))
+    }
+
+    /// The provider's message, else an excerpt of the body, else the status text.
+    fn message_or(&self, body: &[u8], status: u16) -> String {
+        if let Some(message) = &self.message {
+            return excerpt(message);
+        }
+        let body = excerpt(&String::from_utf8_lossy(body));
+        if body.is_empty() {
+            format!("HTTP {status}")
+        } else {
+            body
+        }
+    }
+}
+
+/// The class of an error answer: by HTTP status when there is one, else by the error's
+/// `code`/`type` (in-stream errors).
+fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
+    match status.or(detail.status) {
+        Some(401 | 403) => ErrorClass::Auth,
+        Some(429) => ErrorClass::RateLimited,
+        Some(503 | 529) => ErrorClass::Overloaded,
+        Some(408) => ErrorClass::Timeout,
+        Some(400 | 404 | 413 | 422) if detail.is_context_length() => {
+            ErrorClass::ContextLengthExceeded
+        }
+        Some(400..=499) => ErrorClass::InvalidRequest,
+        Some(_) => ErrorClass::Server,
+        None if detail.is_context_length() => ErrorClass::ContextLengthExceeded,
+        None if detail.has_code("rate_limit") => ErrorClass::RateLimited,
+        None if detail.has_code("overloaded") => ErrorClass::Overloaded,
+        None if detail.has_code("auth") || detail.has_code("api_key") => ErrorClass::Auth,
+        None if detail.has_code("invalid_request") => ErrorClass::InvalidRequest,
+        None => ErrorClass::Server,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request
+
+/// The JSON body of a streaming Chat Completions request.
+fn request_body(request: &ModelRequest) -> Value {
+    let mut body = Map::new();
+    body.insert("model".to_owned(), json!(request.model));
+    body.insert(
+        "messages".to_owned(),
+        Value::Array(request.messages.iter().map(message_json).collect()),
+    );
+    body.insert("stream".to_owned(), json!(true));
+    body.insert("stream_options".to_owned(), json!({"include_usage": true}));
+    if let Some(max) = request.max_output_tokens {
+        body.insert("max_completion_tokens".to_owned(), json!(max));
+    }
+    if !request.tools.is_empty() {
+        let tools = request
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description,
+                        "parameters": tool.parameters,
+                    }
+                })
+            })
+            .collect();
+        body.insert("tools".to_owned(), Value::Array(tools));
+        let choice = match &request.tool_choice {
+            ToolChoice::Mode(ToolChoiceMode::Auto) => json!("auto"),
+            ToolChoice::Mode(ToolChoiceMode::None) => json!("none"),
+            ToolChoice::Mode(ToolChoiceMode::Required) => json!("required"),
+            ToolChoice::Tool { name } => json!({"type": "function", "function": {"name": name}}),
+        };
+        body.insert("tool_choice".to_owned(), choice);
+    }
+    Value::Object(body)
+}
+
+/// Text and JSON parts as one string (JSON serialized), in order; images left out.
+fn text_of(parts: &[ContentPart]) -> String {
+    let mut text = String::new();
+    for part in parts {
+        match part {
+            ContentPart::Text { text: t } => text.push_str(t),
+            ContentPart::Json { value } => text.push_str(&value.to_string()),
+            ContentPart::Image { .. } => {}
+        }
+    }
+    text
+}
+
+/// A system or user message's `content`: a string, or an array of `text`/`image_url` parts
+/// when an image is present.
+fn rich_content(parts: &[ContentPart]) -> Value {
+    if !parts
+        .iter()
+        .any(|part| matches!(part, ContentPart::Image { .. }))
+    {
+        return Value::String(text_of(parts));
+    }
+    let parts = parts
+        .iter()
+        .map(|part| match part {
+            ContentPart::Text { text } => json!({"type": "text", "text": text}),
+            ContentPart::Json { value } => json!({"type": "text", "text": value.to_string()}),
+            ContentPart::Image { url, .. } => {
+                json!({"type": "image_url", "image_url": {"url": url}})
+            }
+        })
+        .collect();
+    Value::Array(parts)
+}
+
+fn message_json(message: &Message) -> Value {
+    match message.role {
+        Role::System | Role::User => json!({
+            "role": message.role.as_str(),
+            "content": rich_content(&message.content),
+        }),
+        Role::Assistant => {
+            let text = text_of(&message.content);
+            let mut object = Map::new();
+            object.insert("role".to_owned(), json!("assistant"));
+            let content = if text.is_empty() && !message.tool_calls.is_empty() {
+                Value::Null
+            } else {
+                Value::String(text)
+            };
+            object.insert("content".to_owned(), content);
+            if !message.tool_calls.is_empty() {
+                let calls = message
+                    .tool_calls
+                    .iter()
+                    .map(|call| {
+                        json!({
+                            "id": call.id,
+                            "type": "function",
+                            "function": {
+                                "name": call.name,
+                                "arguments": call.arguments.to_string(),
+                            }
+                        })
+                    })
+                    .collect();
+                object.insert("tool_calls".to_owned(), Value::Array(calls));
+            }
+            Value::Object(object)
+        }
+        Role::Tool => json!({
+            "role": "tool",
+            "tool_call_id": message.tool_call_id.as_deref().unwrap_or_default(),
+            "content": text_of(&message.content),
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response stream
+
+/// A failure reading the response body: its class (`transport` or `timeout`) and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadError {
+    /// The class the call fails with.
+    pub class: ErrorClass,
+    /// What happened.
+    pub message: String,
+}
+
+impl From<reqwest::Error> for ReadError {
+    fn from(error: reqwest::Error) -> Self {
+        Self {
+            class: if error.is_timeout() {
+                ErrorClass::Timeout
+            } else {
+                ErrorClass::Transport
+            },
+            message: error_chain(&error),
+        }
+    }
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(error: std::io::Error) -> Self {
+        Self {
+            class: ErrorClass::Transport,
+            message: error.to_string(),
+        }
+    }
+}
+
+impl From<Infallible> for ReadError {
+    fn from(error: Infallible) -> Self {
+        match error {}
+    }
+}
+
+/// Parses a Chat Completions event stream (the raw response body, in reads of any size) into
+/// [`ModelEvent`]s: text and tool-call events as they arrive, then at most one `Usage` and
+/// exactly one `Finished`. The stream ends after the first error: an `{"error": …}` chunk
+/// (classified like an HTTP error), a malformed chunk (`server`), a read error (its class) or
+/// an end of the body before any finish reason (`transport`).
+pub fn parse_stream<S, B, E>(provider: &str, bytes: S) -> ModelStream
+where
+    S: Stream<Item = Result<B, E>> + Send + 'static,
+    B: AsRef<[u8]> + Send + 'static,
+    E: Into<ReadError> + Send + 'static,
+{
+    let driver = Driver {
+        events: Box::pin(bytes.eventsource()),
+        parser: Parser::new(provider),
+        out: VecDeque::new(),
+        ended: false,
+    };
+    futures::stream::unfold(driver, |mut driver| async move {
+        loop {
+            if let Some(item) = driver.out.pop_front() {
+                return Some((item, driver));
+            }
+            if driver.ended {
+                return None;
+            }
+            match driver.events.next().await {
+                None => {
+                    driver.ended = true;
+                    driver.parser.on_end(&mut driver.out);
+                }
+                Some(Err(error)) => {
+                    driver.ended = true;
+                    let error = driver.parser.read_error(error);
+                    driver.out.push_back(Err(error));
+                }
+                Some(Ok(event)) => {
+                    let step = driver
+                        .parser
+                        .on_event(&event.event, &event.data, &mut driver.out);
+                    driver.ended = step == Step::End;
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+type Out = VecDeque<Result<ModelEvent, ProviderError>>;
+
+struct Driver<S> {
+    events: std::pin::Pin<Box<eventsource_stream::EventStream<S>>>,
+    parser: Parser,
+    out: Out,
+    ended: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Continue,
+    End,
+}
+
+/// One `chat.completion.chunk`, leniently: every field may be absent or null.
+#[derive(Debug, Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Option<Vec<Choice>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Choice {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<Fragment>>,
+    /// The deprecated single `function_call`, treated as a call without id.
+    #[serde(default)]
+    function_call: Option<FunctionFragment>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Fragment {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionFragment>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct FunctionFragment {
+    #[serde(default)]
+    name: Option<String>,
+    /// A JSON text piece; some servers send a whole JSON object instead.
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    total_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PromptTokensDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// A tool call being assembled from fragments.
+#[derive(Debug, Default)]
+struct PendingCall {
+    index: Option<u64>,
+    id: String,
+    name: String,
+    arguments: String,
+    /// Bytes of `arguments` already sent as `ToolCallDelta`s.
+    emitted: usize,
+    started: bool,
+    /// Completed or dropped.
+    closed: bool,
+}
+
+/// The state of one call's stream (choice 0 only; behest never asks for `n > 1`).
+struct Parser {
+    provider: String,
+    calls: Vec<PendingCall>,
+    last_call: Option<usize>,
+    finish: Option<FinishReason>,
+    usage: Option<(TokenUsage, Option<CacheMetrics>)>,
+    completed: usize,
+}
+
+impl Parser {
+    fn new(provider: &str) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            calls: Vec::new(),
+            last_call: None,
+            finish: None,
+            usage: None,
+            completed: 0,
+        }
+    }
+
+    fn error(&self, class: ErrorClass, message: impl Into<String>) -> ProviderError {
+        ProviderError::new(&self.provider, class, message)
+    }
+
+    fn read_error<E: Into<ReadError>>(&self, error: EventStreamError<E>) -> ProviderError {
+        match error {
+            EventStreamError::Transport(error) => {
+                let error = error.into();
+                self.error(error.class, error.message)
+            }
+            EventStreamError::Utf8(error) => {
+                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
+            }
+            EventStreamError::Parser(error) => {
+                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
+            }
+        }
+    }
+
+    /// Handles one SSE event (`event` is its type, `message` by default).
+    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step {
+        if data.trim() == "[DONE]" {
+            self.finish_events(out);
+            return Step::End;
+        }
+        if event != "message" && event != "error" {
+            return Step::Continue;
+        }
+        let chunk: Chunk = match serde_json::from_str(data) {
+            Ok(chunk) => chunk,
+            Err(error) if event == "error" => {
+                tracing::debug!(%error, "error event without a JSON body");
+                let detail = ErrorDetail {
+                    message: Some(excerpt(data)),
+                    ..ErrorDetail::default()
+                };
+                out.push_back(Err(self.error(classify(None, &detail), excerpt(data))));
+                return Step::End;
+            }
+            Err(error) => {
+                out.push_back(Err(self.error(
+                    ErrorClass::Server,
+                    format!("malformed chunk: {error}: {}", excerpt(data)),
+                )));
+                return Step::End;
+            }
+        };
+        if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
+            let detail = ErrorDetail::from_error(&error);
+            let message = detail
+                .message
+                .as_deref()
+                .map_or_else(|| excerpt(&error.to_string()), excerpt);
+            out.push_back(Err(ProviderError {
+                status: detail.status,
+                ..self.error(classify(None, &detail), message)
+            }));
+            return Step::End;
+        }
+        if let Some(usage) = chunk.usage {
+            let input = usage.prompt_tokens.unwrap_or(0);
+            let output = usage.completion_tokens.unwrap_or(0);
+            let tokens = TokenUsage {
+                input_tokens: input,
+                output_tokens: output,
+                total_tokens: usage.total_tokens.unwrap_or(input + output),
+            };
+            let cache = usage
+                .prompt_tokens_details
+                .and_then(|details| details.cached_tokens)
+                .map(|cached| CacheMetrics {
+                    cached_input_tokens: cached,
+                    ..CacheMetrics::default()
+                });
+            self.usage = Some((tokens, cache));
+        }
+        for choice in chunk.choices.unwrap_or_default() {
+            if choice.index.unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(delta) = choice.delta {
+                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+                    out.push_back(Ok(ModelEvent::TextDelta(text)));
+                }
+                for fragment in delta.tool_calls.unwrap_or_default() {
+                    self.on_fragment(fragment, out);
+                }
+                if let Some(function) = delta.function_call {
+                    self.on_fragment(
+                        Fragment {
+                            function: Some(function),
+                            ..Fragment::default()
+                        },
+                        out,
+                    );
+                }
+            }
+            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
+                self.finish = Some(finish_reason(&reason));
+                self.close_calls(out);
+            }
+        }
+        Step::Continue
+    }
+
+    /// Finds (or opens) the call a fragment continues: by `index`; without one by a non-empty
+    /// `id`, else the last open call.
+    fn slot(&mut self, fragment: &Fragment, id: Option<&str>) -> usize {
+        let open = |call: &PendingCall| !call.closed;
+        let found = match fragment.index {
+            Some(index) => self.calls.iter().position(|call| {
+                open(call)
+                    && call.index == Some(index)
+                    // Some servers reuse index 0 for every call; a new id means a new call.
+                    && id.is_none_or(|id| call.id.is_empty() || call.id == id)
+            }),
+            None => match id {
+                Some(id) => self
+                    .calls
+                    .iter()
+                    .position(|call| open(call) && call.id == id),
+                None => self
+                    .last_call
+                    .filter(|&i| self.calls.get(i).is_some_and(open)),
+            },
+        };
+        found.unwrap_or_else(|| {
+            self.calls.push(PendingCall {
+                index: fragment.index,
+                ..PendingCall::default()
+            });
+            self.calls.len() - 1
+        })
+    }
+
+    fn on_fragment(&mut self, fragment: Fragment, out: &mut Out) {
+        let id = fragment.id.as_deref().filter(|id| !id.is_empty());
+        let slot = self.slot(&fragment, id);
+        self.last_call = Some(slot);
+        let Some(call) = self.calls.get_mut(slot) else {
+            return;
+        };
+        if let Some(id) = id {
+            if call.id.is_empty() {
+                id.clone_into(&mut call.id);
+            }
+        }
+        let function = fragment.function.unwrap_or_default();
+        if let Some(name) = function.name.filter(|n| !n.is_empty()) {
+            if call.name.is_empty() {
+                call.name = name;
+            }
+        }
+        let piece = match function.arguments {
+            Some(Value::String(piece)) => piece,
+            Some(Value::Null) | None => String::new(),
+            Some(value) => value.to_string(),
+        };
+        if !piece.is_empty() {
+            if !call.arguments.is_empty() && piece.starts_with(&call.arguments) {
+                // A server resending the arguments so far plus the new piece.
+                call.arguments = piece;
+            } else {
+                call.arguments.push_str(&piece);
+            }
+        }
+        if !call.started && !call.id.is_empty() && !call.name.is_empty() {
+            call.started = true;
+            out.push_back(Ok(ModelEvent::ToolCallStarted {
+                call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+            }));
+        }
+        emit_arguments(call, out);
+    }
+
+    /// Completes every open call whose arguments parse (empty arguments are `{}`) and drops
+    /// the others.
+    fn close_calls(&mut self, out: &mut Out) {
+        for (n, call) in self.calls.iter_mut().enumerate() {
+            if call.closed {
+                continue;
+            }
+            call.closed = true;
+            let arguments = if call.arguments.trim().is_empty() {
+                Ok(json!({}))
+            } else {
+                serde_json::from_str::<Value>(&call.arguments)
+            };
+            let arguments = match (call.name.is_empty(), arguments) {
+                (false, Ok(arguments)) => arguments,
+                (_, result) => {
+                    tracing::warn!(
+                        provider = %self.provider,
+                        call_id = %call.id,
+                        tool = %call.name,
+                        argument_bytes = call.arguments.len(),
+                        valid_json = result.is_ok(),
+                        "incomplete tool call dropped"
+                    );
+                    continue;
+                }
+            };
+            if call.id.is_empty() {
+                // Servers that send no ids (legacy `function_call`, some local servers).
+                call.id = format!("call_{n}");
+            }
+            if !call.started {
+                call.started = true;
+                out.push_back(Ok(ModelEvent::ToolCallStarted {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                }));
+                emit_arguments(call, out);
+            }
+            self.completed += 1;
+            out.push_back(Ok(ModelEvent::ToolCallCompleted(ToolCall {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                arguments,
+            })));
+        }
+    }
+
+    /// Open calls closed, then `Usage` when reported, then `Finished`.
+    fn finish_events(&mut self, out: &mut Out) {
+        self.close_calls(out);
+        if let Some((usage, cache)) = self.usage.take() {
+            out.push_back(Ok(ModelEvent::Usage { usage, cache }));
+        }
+        let reason = match self.finish {
+            Some(FinishReason::Stop) | None if self.completed > 0 => FinishReason::ToolCalls,
+            Some(reason) => reason,
+            None => FinishReason::Stop,
+        };
+        out.push_back(Ok(ModelEvent::Finished(reason)));
+    }
+
+    /// The body ended without `[DONE]`: fine after a finish reason, else the connection was
+    /// cut.
+    fn on_end(&mut self, out: &mut Out) {
+        if self.finish.is_some() {
+            self.finish_events(out);
+        } else {
+            out.push_back(Err(self.error(
+                ErrorClass::Transport,
+                "connection closed before the end of the stream",
+            )));
+        }
+    }
+}
+
+/// Sends the arguments received since the last delta of a started call.
+fn emit_arguments(call: &mut PendingCall, out: &mut Out) {
+    if !call.started {
+        return;
+    }
+    if let Some(delta) = call.arguments.get(call.emitted..).filter(|d| !d.is_empty()) {
+        out.push_back(Ok(ModelEvent::ToolCallDelta {
+            call_id: call.id.clone(),
+            delta: delta.to_owned(),
+        }));
+        call.emitted = call.arguments.len();
+    }
+}
+
+/// Maps OpenAI's `finish_reason` (and a few spellings of compatible servers).
+fn finish_reason(reason: &str) -> FinishReason {
+    match reason {
+        "stop" | "eos" | "eos_token" | "end_turn" | "stop_sequence" => FinishReason::Stop,
+        "tool_calls" | "function_call" => FinishReason::ToolCalls,
+        "length" | "max_tokens" => FinishReason::Length,
+        "content_filter" => FinishReason::ContentFilter,
+        _ => FinishReason::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests;

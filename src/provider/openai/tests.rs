@@ -1,0 +1,868 @@
+//! Unit tests of the OpenAI adapter: recorded streams split at awkward boundaries, tool-call
+//! fragment shapes, errors, and the request mapping.
+
+use std::convert::Infallible;
+
+use chrono::Utc;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::domain::{MessageId, RunId, SessionId};
+use crate::provider::ToolSpec;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+type Item = Result<ModelEvent, ProviderError>;
+
+const TEXT: &str = include_str!("../../../tests/fixtures/openai/text.sse");
+const TOOL_CALL: &str = include_str!("../../../tests/fixtures/openai/tool_call.sse");
+const PARALLEL: &str = include_str!("../../../tests/fixtures/openai/parallel_tool_calls.sse");
+const ERROR_IN_STREAM: &str = include_str!("../../../tests/fixtures/openai/error_in_stream.sse");
+const MALFORMED: &str = include_str!("../../../tests/fixtures/openai/malformed.sse");
+
+/// Runs the parser over the given reads.
+fn parse_reads(reads: Vec<Vec<u8>>) -> Vec<Item> {
+    let bytes = futures::stream::iter(reads.into_iter().map(Ok::<_, Infallible>));
+    futures::executor::block_on(parse_stream("test", bytes).collect())
+}
+
+fn parse(body: &str) -> Vec<Item> {
+    parse_reads(vec![body.as_bytes().to_vec()])
+}
+
+/// The body in two reads, split at `at` bytes (possibly inside a UTF-8 character).
+fn split(body: &[u8], at: usize) -> Vec<Vec<u8>> {
+    let (a, b) = body.split_at(at);
+    vec![a.to_vec(), b.to_vec()]
+}
+
+/// The body one byte per read.
+fn bytewise(body: &[u8]) -> Vec<Vec<u8>> {
+    body.iter().map(|b| vec![*b]).collect()
+}
+
+/// A `data:` line of a chunk with one choice.
+fn chunk(delta: Value, finish: Option<&str>) -> String {
+    let chunk = json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        "usage": null,
+    });
+    format!("data: {chunk}\n\n")
+}
+
+fn done() -> String {
+    "data: [DONE]\n\n".to_owned()
+}
+
+fn text(s: &str) -> Item {
+    Ok(ModelEvent::TextDelta(s.to_owned()))
+}
+
+fn started(id: &str, name: &str) -> Item {
+    Ok(ModelEvent::ToolCallStarted {
+        call_id: id.to_owned(),
+        tool_name: name.to_owned(),
+    })
+}
+
+fn delta(id: &str, piece: &str) -> Item {
+    Ok(ModelEvent::ToolCallDelta {
+        call_id: id.to_owned(),
+        delta: piece.to_owned(),
+    })
+}
+
+fn completed(id: &str, name: &str, arguments: Value) -> Item {
+    Ok(ModelEvent::ToolCallCompleted(ToolCall {
+        id: id.to_owned(),
+        name: name.to_owned(),
+        arguments,
+    }))
+}
+
+fn usage(input: u64, output: u64, cached: Option<u64>) -> Item {
+    Ok(ModelEvent::Usage {
+        usage: TokenUsage {
+            input_tokens: input,
+            output_tokens: output,
+            total_tokens: input + output,
+        },
+        cache: cached.map(|cached| CacheMetrics {
+            cached_input_tokens: cached,
+            ..CacheMetrics::default()
+        }),
+    })
+}
+
+fn finished(reason: FinishReason) -> Item {
+    Ok(ModelEvent::Finished(reason))
+}
+
+fn text_events() -> Vec<Item> {
+    let mut events: Vec<Item> = ["H", "éllo", " wö", "rld", " —", " 你", "好", " 🌍", "!"]
+        .into_iter()
+        .map(text)
+        .collect();
+    events.push(usage(19, 11, Some(0)));
+    events.push(finished(FinishReason::Stop));
+    events
+}
+
+/// Concatenated text deltas.
+fn joined_text(events: &[Item]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(ModelEvent::TextDelta(t)) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn error_of(events: &[Item]) -> Option<&ProviderError> {
+    events.last().and_then(|e| e.as_ref().err())
+}
+
+#[test]
+fn text_stream_gives_exact_events() {
+    let events = parse(TEXT);
+    assert_eq!(events, text_events());
+    assert_eq!(joined_text(&events), "Héllo wörld — 你好 🌍!");
+}
+
+#[test]
+fn text_stream_split_at_every_offset_gives_the_same_events() {
+    let body = TEXT.as_bytes();
+    for at in 0..=body.len() {
+        assert_eq!(parse_reads(split(body, at)), text_events(), "split at {at}");
+    }
+}
+
+#[test]
+fn text_stream_one_byte_per_read_gives_the_same_events() {
+    assert_eq!(parse_reads(bytewise(TEXT.as_bytes())), text_events());
+}
+
+#[test]
+fn crlf_comments_and_data_without_space_are_accepted() {
+    let body = TEXT
+        .replace("data: ", "data:")
+        .replace('\n', "\r\n")
+        .replace("data:[DONE]", ": keep-alive\r\n\r\ndata:[DONE]");
+    let body = format!(": OPENROUTER PROCESSING\r\n\r\n{body}");
+    assert_eq!(parse(&body), text_events());
+    for at in 0..=body.len() {
+        assert_eq!(
+            parse_reads(split(body.as_bytes(), at)),
+            text_events(),
+            "split at {at}"
+        );
+    }
+}
+
+fn tool_call_events() -> Vec<Item> {
+    let id = "call_cVdX8QHtUQ6iNZCzCnUGfCRq";
+    let mut events = vec![started(id, "get_weather")];
+    for piece in [
+        "{\"", "location", "\":\"", "Paris", ",", " France", "\",\"", "unit", "\":\"", "c",
+        "elsius", "\"}",
+    ] {
+        events.push(delta(id, piece));
+    }
+    events.push(completed(
+        id,
+        "get_weather",
+        json!({"location": "Paris, France", "unit": "celsius"}),
+    ));
+    events.push(usage(82, 24, Some(64)));
+    events.push(finished(FinishReason::ToolCalls));
+    events
+}
+
+#[test]
+fn tool_call_fragments_are_assembled() {
+    assert_eq!(parse(TOOL_CALL), tool_call_events());
+}
+
+#[test]
+fn tool_call_stream_split_anywhere_gives_the_same_events() {
+    let body = TOOL_CALL.as_bytes();
+    for at in (0..=body.len()).step_by(7) {
+        assert_eq!(
+            parse_reads(split(body, at)),
+            tool_call_events(),
+            "split at {at}"
+        );
+    }
+    assert_eq!(parse_reads(bytewise(body)), tool_call_events());
+}
+
+#[test]
+fn parallel_tool_calls_interleave() {
+    let a = "call_Lz7vQh3fWZ1sPj0hM9kB2aDx";
+    let b = "call_Qm2cR8uXn4tYe6VbG1wK7sJo";
+    assert_eq!(
+        parse(PARALLEL),
+        vec![
+            started(a, "get_weather"),
+            delta(a, "{\"location\":"),
+            started(b, "get_time"),
+            delta(b, "{\"timezone\":"),
+            delta(a, " \"Tokyo\"}"),
+            delta(b, " \"Asia/Tokyo\"}"),
+            completed(a, "get_weather", json!({"location": "Tokyo"})),
+            completed(b, "get_time", json!({"timezone": "Asia/Tokyo"})),
+            usage(95, 47, Some(0)),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn fragments_without_index_follow_ids_then_the_last_call() {
+    let body = [
+        chunk(
+            json!({"tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\""}}]}),
+            None,
+        ),
+        chunk(json!({"tool_calls": [{"function": {"arguments": ":1}"}}]}), None),
+        chunk(
+            json!({"tool_calls": [{"id": "b", "function": {"name": "g", "arguments": "{"}}]}),
+            None,
+        ),
+        chunk(json!({"tool_calls": [{"id": "", "function": {"arguments": "}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("a", "f"),
+            delta("a", "{\"x\""),
+            delta("a", ":1}"),
+            started("b", "g"),
+            delta("b", "{"),
+            delta("b", "}"),
+            completed("a", "f", json!({"x": 1})),
+            completed("b", "g", json!({})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn whole_call_in_one_chunk_with_its_finish_reason() {
+    let body = [
+        chunk(
+            json!({"role": "assistant", "tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"q\":\"é\"}"}}]}),
+            Some("tool_calls"),
+        ),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("c1", "f"),
+            delta("c1", "{\"q\":\"é\"}"),
+            completed("c1", "f", json!({"q": "é"})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn parameterless_calls_get_an_empty_object() {
+    let body = [
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "now"}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 1, "id": "c2", "function": {"name": "today", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(json!({}), Some("tool_calls")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("c1", "now"),
+            started("c2", "today"),
+            completed("c1", "now", json!({})),
+            completed("c2", "today", json!({})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn cumulative_arguments_replace_the_text_so_far() {
+    let body = [
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{\"a\""}}]}),
+            None,
+        ),
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":1"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":1}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("c1", "f"),
+            delta("c1", "{\"a\""),
+            delta("c1", ":1"),
+            delta("c1", "}"),
+            completed("c1", "f", json!({"a": 1})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn id_arriving_after_arguments_starts_the_call_with_them() {
+    let body = [
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{\"a\":"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 0, "id": "late", "function": {"arguments": "2}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("late", "f"),
+            delta("late", "{\"a\":2}"),
+            completed("late", "f", json!({"a": 2})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn calls_without_ids_get_synthesized_ones() {
+    let body = [
+        chunk(
+            json!({"function_call": {"name": "f", "arguments": "{}"}}),
+            None,
+        ),
+        chunk(json!({}), Some("function_call")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("call_0", "f"),
+            delta("call_0", "{}"),
+            completed("call_0", "f", json!({})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn reused_index_with_a_new_id_opens_a_new_call() {
+    let body = [
+        chunk(json!({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{}"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 0, "id": "b", "function": {"name": "g", "arguments": "{}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("a", "f"),
+            delta("a", "{}"),
+            started("b", "g"),
+            delta("b", "{}"),
+            completed("a", "f", json!({})),
+            completed("b", "g", json!({})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn call_cut_off_by_length_is_never_completed() {
+    let body = [
+        chunk(json!({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{\"a\":\"lo"}}]}), None),
+        chunk(json!({}), Some("length")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("c1", "f"),
+            delta("c1", "{\"a\":\"lo"),
+            finished(FinishReason::Length),
+        ]
+    );
+}
+
+#[test]
+fn stop_with_calls_reports_tool_calls() {
+    let body = [
+        chunk(json!({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{}"}}]}), None),
+        chunk(json!({}), Some("stop")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body).last(),
+        Some(&finished(FinishReason::ToolCalls))
+    );
+}
+
+#[test]
+fn missing_finish_reason_is_stop_or_tool_calls() {
+    let text_only = [chunk(json!({"content": "hi"}), None), done()].concat();
+    assert_eq!(
+        parse(&text_only),
+        vec![text("hi"), finished(FinishReason::Stop)]
+    );
+    let with_call = [
+        chunk(json!({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{}"}}]}), None),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&with_call),
+        vec![
+            started("c1", "f"),
+            delta("c1", "{}"),
+            completed("c1", "f", json!({})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn finish_reasons_map() {
+    for (raw, reason) in [
+        ("stop", FinishReason::Stop),
+        ("length", FinishReason::Length),
+        ("content_filter", FinishReason::ContentFilter),
+        ("tool_calls", FinishReason::ToolCalls),
+        ("function_call", FinishReason::ToolCalls),
+        ("something_new", FinishReason::Unknown),
+    ] {
+        let body = [chunk(json!({"content": "x"}), Some(raw)), done()].concat();
+        assert_eq!(parse(&body).last(), Some(&finished(reason)), "{raw}");
+    }
+}
+
+#[test]
+fn empty_null_and_absent_choices_and_content_are_skipped() {
+    let body = [
+        "data: {\"choices\":null,\"usage\":null}\n\n".to_owned(),
+        "data: {\"id\":\"x\"}\n\n".to_owned(),
+        chunk(json!({"content": ""}), None),
+        chunk(json!({"content": null}), None),
+        chunk(json!({"content": "a"}), None),
+        chunk(json!({}), Some("stop")),
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\n".to_owned(),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![text("a"), usage(3, 1, None), finished(FinishReason::Stop)]
+    );
+}
+
+#[test]
+fn end_without_done_after_finish_is_accepted() {
+    let body = TEXT.replace("data: [DONE]\n\n", "");
+    assert_eq!(parse(&body), text_events());
+}
+
+#[test]
+fn end_without_done_or_finish_is_a_transport_error() {
+    let body = [chunk(json!({"content": "a"}), None)].concat();
+    let events = parse(&body);
+    assert_eq!(events.first(), Some(&text("a")));
+    let error = error_of(&events);
+    assert_eq!(error.map(|e| e.class), Some(ErrorClass::Transport));
+    assert_eq!(
+        error.map(|e| e.message.as_str()),
+        Some("connection closed before the end of the stream")
+    );
+    assert_eq!(events.len(), 2);
+}
+
+#[test]
+fn error_in_stream_ends_it() {
+    let events = parse(ERROR_IN_STREAM);
+    assert_eq!(events.len(), 2);
+    assert_eq!(events.first(), Some(&text("The answer")));
+    let error = error_of(&events);
+    assert_eq!(error.map(|e| e.class), Some(ErrorClass::Server));
+    assert_eq!(
+        error.map(|e| e.message.as_str()),
+        Some("The server had an error while processing your request. Sorry about that!")
+    );
+}
+
+#[test]
+fn in_stream_errors_are_classified() {
+    for (error, class) in [
+        (
+            json!({"message": "This model's maximum context length is 128000 tokens.", "type": "invalid_request_error", "code": "context_length_exceeded"}),
+            ErrorClass::ContextLengthExceeded,
+        ),
+        (
+            json!({"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}),
+            ErrorClass::RateLimited,
+        ),
+        (
+            json!({"message": "Overloaded", "type": "overloaded_error"}),
+            ErrorClass::Overloaded,
+        ),
+        (
+            json!({"message": "bad", "type": "BadRequestError", "code": 400}),
+            ErrorClass::InvalidRequest,
+        ),
+        (json!("boom"), ErrorClass::Server),
+    ] {
+        let body = format!("data: {}\n\n", json!({ "error": error }));
+        let events = parse(&body);
+        assert_eq!(error_of(&events).map(|e| e.class), Some(class), "{error}");
+    }
+}
+
+#[test]
+fn malformed_chunk_is_a_server_error() {
+    let events = parse(MALFORMED);
+    assert_eq!(events.len(), 2);
+    assert_eq!(events.first(), Some(&text("Hello")));
+    let error = error_of(&events);
+    assert_eq!(error.map(|e| e.class), Some(ErrorClass::Server));
+    assert!(
+        error.is_some_and(|e| e.message.starts_with("malformed chunk: ")),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn read_error_mid_stream_keeps_its_class() {
+    let reads: Vec<Result<Vec<u8>, std::io::Error>> = vec![
+        Ok(chunk(json!({"content": "a"}), None).into_bytes()),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        )),
+        Ok(done().into_bytes()),
+    ];
+    let events: Vec<Item> =
+        futures::executor::block_on(parse_stream("test", futures::stream::iter(reads)).collect());
+    assert_eq!(events.len(), 2);
+    assert_eq!(
+        error_of(&events).map(|e| e.class),
+        Some(ErrorClass::Transport)
+    );
+}
+
+#[tokio::test]
+async fn idle_and_first_byte_timeouts_fire_and_are_named() {
+    let timeouts = TimeoutConfig {
+        connect_ms: 1000,
+        first_byte_ms: 200,
+        idle_ms: 50,
+        total_ms: 10_000,
+    };
+    let reads = futures::stream::iter(vec![Ok::<_, Infallible>(
+        chunk(json!({"content": "a"}), None).into_bytes(),
+    )])
+    .chain(futures::stream::pending());
+    let events: Vec<Item> = parse_stream("test", with_timeouts(reads, Deadlines::start(&timeouts)))
+        .collect()
+        .await;
+    assert_eq!(events.first(), Some(&text("a")));
+    let error = error_of(&events);
+    assert_eq!(error.map(|e| e.class), Some(ErrorClass::Timeout));
+    assert!(
+        error.is_some_and(|e| e.message.contains("idle timeout")),
+        "{error:?}"
+    );
+
+    let silent = futures::stream::pending::<Result<Vec<u8>, Infallible>>();
+    let events: Vec<Item> =
+        parse_stream("test", with_timeouts(silent, Deadlines::start(&timeouts)))
+            .collect()
+            .await;
+    assert!(
+        error_of(&events).is_some_and(|e| e.message.contains("first-byte timeout")),
+        "{events:?}"
+    );
+
+    let total = TimeoutConfig {
+        total_ms: 30,
+        ..timeouts
+    };
+    let silent = futures::stream::pending::<Result<Vec<u8>, Infallible>>();
+    let events: Vec<Item> = parse_stream("test", with_timeouts(silent, Deadlines::start(&total)))
+        .collect()
+        .await;
+    assert!(
+        error_of(&events).is_some_and(|e| e.message.contains("total timeout")),
+        "{events:?}"
+    );
+}
+
+// --- errors of HTTP answers ------------------------------------------------------------------
+
+fn class_of(status: u16, body: &str) -> ErrorClass {
+    classify(Some(status), &ErrorDetail::from_body(body.as_bytes()))
+}
+
+#[test]
+fn statuses_are_classified() {
+    let plain = r#"{"error":{"message":"nope","type":"invalid_request_error","code":null}}"#;
+    assert_eq!(class_of(401, plain), ErrorClass::Auth);
+    assert_eq!(class_of(403, plain), ErrorClass::Auth);
+    assert_eq!(class_of(429, plain), ErrorClass::RateLimited);
+    assert_eq!(class_of(503, plain), ErrorClass::Overloaded);
+    assert_eq!(class_of(529, plain), ErrorClass::Overloaded);
+    assert_eq!(class_of(400, plain), ErrorClass::InvalidRequest);
+    assert_eq!(class_of(404, plain), ErrorClass::InvalidRequest);
+    assert_eq!(class_of(422, plain), ErrorClass::InvalidRequest);
+    assert_eq!(class_of(500, plain), ErrorClass::Server);
+    assert_eq!(
+        class_of(502, "<html>bad gateway</html>"),
+        ErrorClass::Server
+    );
+    let by_code = r#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+    assert_eq!(class_of(400, by_code), ErrorClass::ContextLengthExceeded);
+    let by_message = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.","type":"invalid_request_error","code":null}}"#;
+    assert_eq!(class_of(400, by_message), ErrorClass::ContextLengthExceeded);
+    let vllm = r#"{"object":"error","message":"too many tokens in the prompt","type":"BadRequestError","code":400}"#;
+    assert_eq!(class_of(400, vllm), ErrorClass::ContextLengthExceeded);
+    assert_eq!(
+        class_of(413, "request too large"),
+        ErrorClass::InvalidRequest
+    );
+}
+
+#[test]
+fn error_messages_prefer_the_provider_message() {
+    let detail = ErrorDetail::from_body(br#"{"error":{"message":"Incorrect API key provided"}}"#);
+    assert_eq!(detail.message_or(b"", 401), "Incorrect API key provided");
+    let body = b"<html>upstream error</html>";
+    assert_eq!(
+        ErrorDetail::from_body(body).message_or(body, 502),
+        "<html>upstream error</html>"
+    );
+    assert_eq!(ErrorDetail::default().message_or(b"", 500), "HTTP 500");
+    let long = "x".repeat(1000);
+    assert_eq!(
+        ErrorDetail::default()
+            .message_or(long.as_bytes(), 500)
+            .chars()
+            .count(),
+        EXCERPT_CHARS + 1
+    );
+}
+
+#[test]
+fn retry_after_headers_are_read() -> TestResult {
+    let mut headers = HeaderMap::new();
+    assert_eq!(retry_after(&headers), None);
+    headers.insert("retry-after", "7".parse()?);
+    assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
+    headers.insert("retry-after-ms", "1500".parse()?);
+    assert_eq!(retry_after(&headers), Some(Duration::from_millis(1500)));
+    let mut date = HeaderMap::new();
+    date.insert("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT".parse()?);
+    assert_eq!(retry_after(&date), None);
+    Ok(())
+}
+
+// --- request mapping -------------------------------------------------------------------------
+
+fn message(role: Role, content: Vec<ContentPart>) -> Message {
+    Message {
+        id: MessageId::new(),
+        session_id: SessionId::new(),
+        run_id: RunId::new(),
+        role,
+        content,
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+        tool_name: None,
+        created_at: Utc::now(),
+    }
+}
+
+fn text_part(text: &str) -> ContentPart {
+    ContentPart::Text {
+        text: text.to_owned(),
+    }
+}
+
+fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice) -> ModelRequest {
+    ModelRequest {
+        model: "gpt-4o-mini".to_owned(),
+        messages,
+        tools,
+        tool_choice,
+        max_output_tokens: None,
+    }
+}
+
+#[test]
+fn request_without_tools_has_no_tool_keys() {
+    let body = request_body(&request(
+        vec![
+            message(Role::System, vec![text_part("Be brief.")]),
+            message(Role::User, vec![text_part("Hi "), text_part("there")]),
+        ],
+        Vec::new(),
+        ToolChoice::Mode(ToolChoiceMode::Required),
+    ));
+    assert_eq!(
+        body,
+        json!({
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi there"},
+            ],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        })
+    );
+}
+
+#[test]
+fn request_with_tool_calls_and_results_maps_the_history() {
+    let mut assistant = message(Role::Assistant, Vec::new());
+    assistant.tool_calls = vec![
+        ToolCall {
+            id: "call_1".to_owned(),
+            name: "get_weather".to_owned(),
+            arguments: json!({"location": "Paris"}),
+        },
+        ToolCall {
+            id: "call_2".to_owned(),
+            name: "now".to_owned(),
+            arguments: json!({}),
+        },
+    ];
+    let mut result_1 = message(
+        Role::Tool,
+        vec![ContentPart::Json {
+            value: json!({"temp_c": 21}),
+        }],
+    );
+    result_1.tool_call_id = Some("call_1".to_owned());
+    result_1.tool_name = Some("get_weather".to_owned());
+    let mut result_2 = message(Role::Tool, vec![text_part("12:00")]);
+    result_2.tool_call_id = Some("call_2".to_owned());
+    let mut req = request(
+        vec![
+            message(Role::User, vec![text_part("Weather?")]),
+            assistant,
+            result_1,
+            result_2,
+            message(Role::Assistant, vec![text_part("21 °C.")]),
+        ],
+        vec![ToolSpec {
+            name: "get_weather".to_owned(),
+            description: "Current weather".to_owned(),
+            parameters: json!({"type": "object", "properties": {"location": {"type": "string"}}}),
+        }],
+        ToolChoice::Tool {
+            name: "get_weather".to_owned(),
+        },
+    );
+    req.max_output_tokens = Some(512);
+    let body = request_body(&req);
+    assert_eq!(
+        body,
+        json!({
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"location\":\"Paris\"}"}},
+                    {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}},
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\":21}"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "12:00"},
+                {"role": "assistant", "content": "21 °C."},
+            ],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_completion_tokens": 512,
+            "tools": [{"type": "function", "function": {
+                "name": "get_weather",
+                "description": "Current weather",
+                "parameters": {"type": "object", "properties": {"location": {"type": "string"}}},
+            }}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        })
+    );
+}
+
+#[test]
+fn tool_choice_modes_and_images_map() {
+    let tool = ToolSpec {
+        name: "f".to_owned(),
+        description: String::new(),
+        parameters: json!({"type": "object"}),
+    };
+    for (mode, wire) in [
+        (ToolChoiceMode::Auto, "auto"),
+        (ToolChoiceMode::None, "none"),
+        (ToolChoiceMode::Required, "required"),
+    ] {
+        let body = request_body(&request(
+            Vec::new(),
+            vec![tool.clone()],
+            ToolChoice::Mode(mode),
+        ));
+        assert_eq!(body.get("tool_choice"), Some(&json!(wire)));
+    }
+    let user = message(
+        Role::User,
+        vec![
+            text_part("What is this?"),
+            ContentPart::Image {
+                url: "https://example.com/cat.png".to_owned(),
+                mime_type: "image/png".to_owned(),
+            },
+        ],
+    );
+    let body = request_body(&request(vec![user], Vec::new(), ToolChoice::default()));
+    assert_eq!(
+        body.pointer("/messages/0/content"),
+        Some(&json!([
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+        ]))
+    );
+}
+
+#[test]
+fn adapter_keeps_the_base_url_without_trailing_slash() -> TestResult {
+    let config = crate::config::Config::from_toml(
+        "[providers.p]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1/\"\n[providers.p.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+    )?;
+    let provider = config.providers.get("p").ok_or("no provider")?;
+    let adapter = OpenAi::new("p", provider)?;
+    assert_eq!(adapter.base_url, "http://127.0.0.1:9/v1");
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! A fake OpenAI Chat Completions server for integration tests: a real HTTP server on
+//! `127.0.0.1:0` that answers `POST /v1/chat/completions` with scripted replies in the real
+//! wire format (recorded SSE streams, error bodies, stalls, cut connections) and records every
+//! request it gets.
+
+#![allow(
+    dead_code,
+    reason = "each integration test uses a different part of the helper"
+)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use axum::routing::post;
+use futures::stream::BoxStream;
+use futures::{StreamExt, stream};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+/// Pause between two pieces of a split body, so they arrive in separate reads (20 ms).
+pub const PIECE_DELAY: Duration = Duration::from_millis(20);
+
+/// Model name the fake's streams report.
+pub const MODEL: &str = "gpt-4o-mini-2024-07-18";
+
+/// A request the fake received.
+#[derive(Debug, Clone)]
+pub struct RecordedRequest {
+    /// Its HTTP headers (including `authorization`).
+    pub headers: HeaderMap,
+    /// Its JSON body (`Value::Null` when the body was not JSON).
+    pub body: Value,
+}
+
+/// How a reply's body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The body ends normally.
+    Complete,
+    /// The connection stays open and nothing more is sent.
+    Stall,
+    /// The connection is cut (the body errors out, so the chunked body is never terminated).
+    Cut,
+}
+
+/// One scripted answer to a `POST /v1/chat/completions`.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    status: u16,
+    content_type: &'static str,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    /// Byte offsets where the body is cut into separate writes.
+    cuts: Vec<usize>,
+    /// Cut every `n` bytes instead (0: not used).
+    every: usize,
+    delay: Duration,
+    ending: Ending,
+}
+
+impl Reply {
+    fn new(status: u16, content_type: &'static str, body: Vec<u8>, ending: Ending) -> Self {
+        Self {
+            status,
+            content_type,
+            headers: Vec::new(),
+            body,
+            cuts: Vec::new(),
+            every: 0,
+            delay: PIECE_DELAY,
+            ending,
+        }
+    }
+
+    /// A `200 text/event-stream` answer with this exact body.
+    pub fn sse(bytes: &[u8]) -> Self {
+        Self::new(200, "text/event-stream", bytes.to_vec(), Ending::Complete)
+    }
+
+    /// An error answer: `code` with this JSON body (`application/json`).
+    pub fn status(code: u16, body: Value) -> Self {
+        Self::new(
+            code,
+            "application/json",
+            body.to_string().into_bytes(),
+            Ending::Complete,
+        )
+    }
+
+    /// A `200 text/event-stream` answer that sends `bytes`, then keeps the connection open and
+    /// sends nothing more.
+    pub fn stall_after(bytes: &[u8]) -> Self {
+        Self::new(200, "text/event-stream", bytes.to_vec(), Ending::Stall)
+    }
+
+    /// A `200 text/event-stream` answer that sends `bytes`, then cuts the connection (no
+    /// `[DONE]`, no end of the chunked body).
+    pub fn close_after(bytes: &[u8]) -> Self {
+        Self::new(200, "text/event-stream", bytes.to_vec(), Ending::Cut)
+    }
+
+    /// Writes the body in separate pieces cut at these byte offsets, [`PIECE_DELAY`] apart.
+    #[must_use]
+    pub fn split_at(mut self, offsets: Vec<usize>) -> Self {
+        self.cuts = offsets;
+        self
+    }
+
+    /// Writes the body in pieces of `n` bytes, [`PIECE_DELAY`] apart.
+    #[must_use]
+    pub fn chunks_every(mut self, n: usize) -> Self {
+        self.every = n;
+        self
+    }
+
+    /// Sets the pause between pieces (default [`PIECE_DELAY`]).
+    #[must_use]
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Adds a response header, e.g. `retry-after: 3`.
+    #[must_use]
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// The body cut into the pieces written one by one.
+    fn pieces(&self) -> Vec<Vec<u8>> {
+        let len = self.body.len();
+        let mut cuts: Vec<usize> = if self.every > 0 {
+            (self.every..len).step_by(self.every).collect()
+        } else {
+            self.cuts
+                .iter()
+                .copied()
+                .filter(|&c| c > 0 && c < len)
+                .collect()
+        };
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut pieces = Vec::new();
+        let mut start = 0;
+        for cut in cuts.into_iter().chain([len]) {
+            if let Some(piece) = self.body.get(start..cut) {
+                pieces.push(piece.to_vec());
+            }
+            start = cut;
+        }
+        pieces
+    }
+
+    fn into_response(self) -> Response {
+        let pieces = self.pieces();
+        let delay = self.delay;
+        let written =
+            stream::iter(pieces.into_iter().enumerate()).then(move |(i, piece)| async move {
+                if i > 0 {
+                    tokio::time::sleep(delay).await;
+                }
+                Ok::<_, std::io::Error>(piece)
+            });
+        let body: BoxStream<'static, Result<Vec<u8>, std::io::Error>> = match self.ending {
+            Ending::Complete => written.boxed(),
+            Ending::Stall => written.chain(stream::pending()).boxed(),
+            Ending::Cut => written
+                .chain(stream::once(async move {
+                    tokio::time::sleep(delay).await;
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "fake provider cut the connection",
+                    ))
+                }))
+                .boxed(),
+        };
+        let mut response = Response::new(Body::from_stream(body));
+        *response.status_mut() =
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(self.content_type),
+        );
+        if self.content_type == "text/event-stream" {
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        }
+        for (name, value) in &self.headers {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                headers.insert(name, value);
+            }
+        }
+        response
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    replies: Mutex<VecDeque<Reply>>,
+    requests: Mutex<Vec<RecordedRequest>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The running fake server; stops when dropped.
+#[derive(Debug)]
+pub struct FakeOpenAi {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    server: JoinHandle<()>,
+}
+
+impl FakeOpenAi {
+    /// Starts the server on `127.0.0.1:0`.
+    ///
+    /// # Panics
+    /// When no local port can be bound (tests only).
+    pub async fn start() -> Self {
+        let shared = Arc::new(Shared::default());
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat_completions))
+            .with_state(Arc::clone(&shared));
+        #[expect(clippy::expect_used, reason = "a test helper: no port means no test")]
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        #[expect(clippy::expect_used, reason = "a test helper")]
+        let addr = listener.local_addr().expect("local address");
+        let server = tokio::spawn(async move {
+            // The server runs until the helper is dropped; a serve error ends the test's
+            // requests with transport errors, which the test then reports.
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            addr,
+            shared,
+            server,
+        }
+    }
+
+    /// The API base URL, e.g. `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Queues a reply; replies are consumed one per request, in order.
+    pub fn push(&self, reply: Reply) -> &Self {
+        lock(&self.shared.replies).push_back(reply);
+        self
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.shared.requests).clone()
+    }
+}
+
+impl Drop for FakeOpenAi {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    lock(&shared.requests).push(RecordedRequest { headers, body });
+    let reply = lock(&shared.replies)
+        .pop_front()
+        .unwrap_or_else(|| Reply::sse(&text_stream(&["Hel", "lo"])));
+    reply.into_response()
+}
+
+/// A base URL where nothing listens (a port bound and released), for connection failures.
+pub async fn refused_base_url() -> String {
+    let port = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+        Ok(listener) => listener.local_addr().map(|a| a.port()).unwrap_or(9),
+        Err(_) => 9,
+    };
+    format!("http://127.0.0.1:{port}/v1")
+}
+
+/// A recorded fixture of `tests/fixtures/openai/`, e.g. `fixture("text.sse")`.
+///
+/// # Panics
+/// When the file is missing (tests only).
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/openai")
+        .join(name);
+    #[expect(
+        clippy::expect_used,
+        reason = "a test helper: a missing fixture is a broken test"
+    )]
+    std::fs::read(&path).expect("fixture exists")
+}
+
+/// One `data:` line of a `chat.completion.chunk` with one choice.
+pub fn chunk(delta: Value, finish_reason: Option<&str>) -> String {
+    sse_data(&json!({
+        "id": "chatcmpl-fake0001",
+        "object": "chat.completion.chunk",
+        "created": 1_741_569_952,
+        "model": MODEL,
+        "system_fingerprint": "fp_fake",
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+        "usage": null,
+    }))
+}
+
+/// The usage-only chunk OpenAI sends last with `stream_options.include_usage`.
+pub fn usage_chunk(prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64) -> String {
+    sse_data(&json!({
+        "id": "chatcmpl-fake0001",
+        "object": "chat.completion.chunk",
+        "created": 1_741_569_952,
+        "model": MODEL,
+        "system_fingerprint": "fp_fake",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+        },
+    }))
+}
+
+/// `data: <json>` and the blank line ending the event.
+pub fn sse_data(value: &Value) -> String {
+    format!("data: {value}\n\n")
+}
+
+/// The terminating `data: [DONE]` event.
+pub const DONE: &str = "data: [DONE]\n\n";
+
+/// A complete text answer: a role chunk, one chunk per delta, a `stop` chunk, a usage chunk
+/// (10 prompt tokens, one completion token per delta) and `[DONE]`.
+pub fn text_stream(deltas: &[&str]) -> Vec<u8> {
+    let mut body = chunk(
+        json!({"role": "assistant", "content": "", "refusal": null}),
+        None,
+    );
+    for delta in deltas {
+        body.push_str(&chunk(json!({"content": delta}), None));
+    }
+    body.push_str(&chunk(json!({}), Some("stop")));
+    body.push_str(&usage_chunk(10, deltas.len() as u64, 0));
+    body.push_str(DONE);
+    body.into_bytes()
+}
