@@ -1,6 +1,11 @@
 //! JSON routes driven in-process: errors are problem+json with stable codes, and no bad request
 //! leaves a record behind.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "tests"
+)]
 
 mod support;
 
@@ -29,12 +34,19 @@ impl Api {
         Self { router, _db: db }
     }
 
-    async fn call(&self, method: &str, uri: &str, body: Option<&str>) -> (StatusCode, String, Value) {
+    async fn call(
+        &self,
+        method: &str,
+        uri: &str,
+        body: Option<&str>,
+    ) -> (StatusCode, String, Value) {
         let mut request = Request::builder().method(method).uri(uri);
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
-        let request = request.body(Body::from(body.unwrap_or("").to_owned())).unwrap();
+        let request = request
+            .body(Body::from(body.unwrap_or("").to_owned()))
+            .unwrap();
         let response = self.router.clone().oneshot(request).await.unwrap();
         let status = response.status();
         let content_type = response
@@ -47,7 +59,14 @@ impl Api {
         (status, content_type, json)
     }
 
-    async fn problem(&self, method: &str, uri: &str, body: Option<&str>, status: u16, code: &str) -> Value {
+    async fn problem(
+        &self,
+        method: &str,
+        uri: &str,
+        body: Option<&str>,
+        status: u16,
+        code: &str,
+    ) -> Value {
         let (got, content_type, json) = self.call(method, uri, body).await;
         assert_eq!(got.as_u16(), status, "{method} {uri}: {json}");
         assert_eq!(content_type, "application/problem+json", "{method} {uri}");
@@ -75,52 +94,98 @@ async fn unknown_runs_are_404_run_not_found() {
     ] {
         api.problem("GET", &uri, None, 404, "run_not_found").await;
     }
-    api.problem("POST", &format!("/runs/{id}/cancel"), None, 404, "run_not_found").await;
-    api.problem("GET", "/no/such/route", None, 404, "not_found").await;
+    api.problem(
+        "POST",
+        &format!("/runs/{id}/cancel"),
+        None,
+        404,
+        "run_not_found",
+    )
+    .await;
+    api.problem("GET", "/no/such/route", None, 404, "not_found")
+        .await;
 }
 
 #[tokio::test]
 async fn bad_create_requests_are_rejected_without_a_record() {
     let api = Api::new().await;
-    api.problem("POST", "/runs", Some(r#"{"provider": "fake","#), 400, "malformed_json").await;
+    api.problem(
+        "POST",
+        "/runs",
+        Some(r#"{"provider": "fake","#),
+        400,
+        "malformed_json",
+    )
+    .await;
     for (body, field) in [
         (json!({"model": "fake-model", "input": "hi"}), "provider"),
         (json!({"provider": "fake", "input": "hi"}), "model"),
         (json!({"provider": "fake", "model": "fake-model"}), "input"),
-        (json!({"provider": "fake", "model": "fake-model", "input": ""}), "input"),
+        (
+            json!({"provider": "fake", "model": "fake-model", "input": ""}),
+            "input",
+        ),
     ] {
-        let problem = api.problem("POST", "/runs", Some(&body.to_string()), 422, "missing_field").await;
+        let problem = api
+            .problem(
+                "POST",
+                "/runs",
+                Some(&body.to_string()),
+                422,
+                "missing_field",
+            )
+            .await;
         assert_eq!(problem["field"], field);
         assert!(problem["detail"].as_str().unwrap().contains(field));
     }
     let unknown = json!({"provider": "nope", "model": "m", "input": "hi"}).to_string();
-    let problem = api.problem("POST", "/runs", Some(&unknown), 422, "unknown_provider").await;
+    let problem = api
+        .problem("POST", "/runs", Some(&unknown), 422, "unknown_provider")
+        .await;
     assert_eq!(problem["field"], "provider");
     let model = json!({"provider": "fake", "model": "gpt-nope", "input": "hi"}).to_string();
-    api.problem("POST", "/runs", Some(&model), 422, "unknown_model").await;
+    api.problem("POST", "/runs", Some(&model), 422, "unknown_model")
+        .await;
     let typed = json!({"provider": "fake", "model": "fake-model", "input": 3}).to_string();
-    api.problem("POST", "/runs", Some(&typed), 422, "invalid_body").await;
-    let extra = json!({"provider": "fake", "model": "fake-model", "input": "hi", "inptu": 1}).to_string();
-    api.problem("POST", "/runs", Some(&extra), 422, "invalid_body").await;
-    let metadata = json!({"provider": "fake", "model": "fake-model", "input": "hi", "metadata": [1]}).to_string();
-    api.problem("POST", "/runs", Some(&metadata), 422, "invalid_field").await;
+    api.problem("POST", "/runs", Some(&typed), 422, "invalid_body")
+        .await;
+    let extra =
+        json!({"provider": "fake", "model": "fake-model", "input": "hi", "inptu": 1}).to_string();
+    api.problem("POST", "/runs", Some(&extra), 422, "invalid_body")
+        .await;
+    let metadata =
+        json!({"provider": "fake", "model": "fake-model", "input": "hi", "metadata": [1]})
+            .to_string();
+    api.problem("POST", "/runs", Some(&metadata), 422, "invalid_field")
+        .await;
     let session = json!({"provider": "fake", "model": "fake-model", "input": "hi",
-                         "session_id": uuid::Uuid::now_v7()}).to_string();
-    api.problem("POST", "/runs", Some(&session), 404, "session_not_found").await;
-    let huge = json!({"provider": "fake", "model": "fake-model", "input": "x".repeat(2 << 20)}).to_string();
-    api.problem("POST", "/runs", Some(&huge), 413, "payload_too_large").await;
+                         "session_id": uuid::Uuid::now_v7()})
+    .to_string();
+    api.problem("POST", "/runs", Some(&session), 404, "session_not_found")
+        .await;
+    let huge = json!({"provider": "fake", "model": "fake-model", "input": "x".repeat(2 << 20)})
+        .to_string();
+    api.problem("POST", "/runs", Some(&huge), 413, "payload_too_large")
+        .await;
     assert_eq!(api.run_count().await, 0, "no rejected request left a run");
 }
 
 #[tokio::test]
 async fn bad_cursors_and_queries_are_400() {
     let api = Api::new().await;
-    api.problem("GET", "/runs?cursor=garbage", None, 400, "invalid_cursor").await;
-    api.problem("GET", "/runs?limit=0", None, 400, "invalid_query").await;
-    api.problem("GET", "/runs?limit=201", None, 400, "invalid_query").await;
-    api.problem("GET", "/runs?status=running", None, 400, "invalid_query").await;
-    api.problem("GET", "/runs?session_id=nope", None, 400, "invalid_query").await;
-    let (status, _, json) = api.call("GET", "/runs?limit=200&status=completed", None).await;
+    api.problem("GET", "/runs?cursor=garbage", None, 400, "invalid_cursor")
+        .await;
+    api.problem("GET", "/runs?limit=0", None, 400, "invalid_query")
+        .await;
+    api.problem("GET", "/runs?limit=201", None, 400, "invalid_query")
+        .await;
+    api.problem("GET", "/runs?status=running", None, 400, "invalid_query")
+        .await;
+    api.problem("GET", "/runs?session_id=nope", None, 400, "invalid_query")
+        .await;
+    let (status, _, json) = api
+        .call("GET", "/runs?limit=200&status=completed", None)
+        .await;
     assert_eq!(status, 200);
     assert_eq!(json, json!({"runs": [], "next_cursor": null}));
 }
@@ -129,7 +194,10 @@ async fn bad_cursors_and_queries_are_400() {
 async fn health_and_readiness() {
     let api = Api::new().await;
     let (status, _, json) = api.call("GET", "/healthz", None).await;
-    assert_eq!((status.as_u16(), json["status"].as_str()), (200, Some("ok")));
+    assert_eq!(
+        (status.as_u16(), json["status"].as_str()),
+        (200, Some("ok"))
+    );
     let (status, _, _) = api.call("GET", "/readyz", None).await;
     assert_eq!(status, 200);
 }

@@ -1,6 +1,11 @@
 //! `openapi/openapi.json` is generated from the code: this fails when they drift.
 //! Regenerate with `cargo run -- openapi > openapi/openapi.json`.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "tests")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "tests"
+)]
 
 use serde_json::Value;
 
@@ -26,12 +31,30 @@ fn event_schema_is_a_discriminated_one_of_of_named_variants() {
     let mapping = event["discriminator"]["mapping"].as_object().unwrap();
     assert_eq!(mapping.len(), 18);
     for (tag, reference) in mapping {
-        let name = reference.as_str().unwrap().trim_start_matches("#/components/schemas/");
+        let name = reference
+            .as_str()
+            .unwrap()
+            .trim_start_matches("#/components/schemas/");
         let component = &schemas[name];
-        assert_eq!(component["properties"]["type"]["enum"], serde_json::json!([tag]), "{name}");
-        for field in ["sequence", "run_id", "timestamp", "trace_id", "span_id", "type"] {
+        assert_eq!(
+            component["properties"]["type"]["enum"],
+            serde_json::json!([tag]),
+            "{name}"
+        );
+        for field in [
+            "sequence",
+            "run_id",
+            "timestamp",
+            "trace_id",
+            "span_id",
+            "type",
+        ] {
             assert!(
-                component["required"].as_array().unwrap().iter().any(|r| r == field),
+                component["required"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|r| r == field),
                 "{name} requires {field}"
             );
         }

@@ -1,5 +1,11 @@
 //! The store suite, run against SQLite and PostgreSQL alike.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stderr, reason = "tests")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr,
+    reason = "tests"
+)]
 
 mod support;
 
@@ -34,7 +40,9 @@ fn event(sequence: u64, event_type: &str, terminal: bool) -> Arc<LoggedEvent> {
     Arc::new(LoggedEvent {
         sequence,
         event_type: event_type.to_owned(),
-        data: Arc::from(format!(r#"{{"sequence":{sequence},"type":"{event_type}","z":1,"a":"ü"}}"#)),
+        data: Arc::from(format!(
+            r#"{{"sequence":{sequence},"type":"{event_type}","z":1,"a":"ü"}}"#
+        )),
         terminal,
     })
 }
@@ -46,7 +54,9 @@ async fn open(backend: Backend) -> Option<(TestDb, Arc<dyn Store>)> {
 }
 
 async fn create_run_stores_session_run_and_user_message(backend: Backend) {
-    let Some((db, store)) = open(backend).await else { return };
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
     let run = new_run(SessionId::new(), true);
     let record = store.create_run(&run).await.unwrap();
     assert_eq!(record.id, run.id);
@@ -64,15 +74,23 @@ async fn create_run_stores_session_run_and_user_message(backend: Backend) {
 }
 
 async fn run_in_missing_session_writes_nothing(backend: Backend) {
-    let Some((db, store)) = open(backend).await else { return };
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
     let missing = SessionId::new();
     let run = new_run(missing, false);
     let error = store.create_run(&run).await.unwrap_err();
-    assert!(matches!(error, StoreError::SessionNotFound(id) if id == missing), "{error}");
+    assert!(
+        matches!(error, StoreError::SessionNotFound(id) if id == missing),
+        "{error}"
+    );
     assert_eq!(store.get_run(run.id).await.unwrap(), None);
     assert!(store.session_messages(missing).await.unwrap().is_empty());
     let all = store
-        .list_runs(&RunFilter { limit: 10, ..RunFilter::default() })
+        .list_runs(&RunFilter {
+            limit: 10,
+            ..RunFilter::default()
+        })
         .await
         .unwrap();
     assert!(all.is_empty());
@@ -80,7 +98,9 @@ async fn run_in_missing_session_writes_nothing(backend: Backend) {
 }
 
 async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
-    let Some((db, store)) = open(backend).await else { return };
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
     let first = new_run(SessionId::new(), true);
     store.create_run(&first).await.unwrap();
     let mut ids = vec![first.id];
@@ -91,10 +111,17 @@ async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
     }
     let other = new_run(SessionId::new(), true);
     store.create_run(&other).await.unwrap();
-    store.set_run_status(ids[1], RunStatus::CallingModel).await.unwrap();
+    store
+        .set_run_status(ids[1], RunStatus::CallingModel)
+        .await
+        .unwrap();
 
     let page = store
-        .list_runs(&RunFilter { session_id: Some(first.session_id), limit: 3, ..RunFilter::default() })
+        .list_runs(&RunFilter {
+            session_id: Some(first.session_id),
+            limit: 3,
+            ..RunFilter::default()
+        })
         .await
         .unwrap();
     let got: Vec<RunId> = page.iter().map(|r| r.id).collect();
@@ -111,40 +138,68 @@ async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
     let got: Vec<RunId> = next.iter().map(|r| r.id).collect();
     assert_eq!(got, vec![ids[1], ids[0]]);
     let calling = store
-        .list_runs(&RunFilter { status: Some(RunStatus::CallingModel), limit: 10, ..RunFilter::default() })
+        .list_runs(&RunFilter {
+            status: Some(RunStatus::CallingModel),
+            limit: 10,
+            ..RunFilter::default()
+        })
         .await
         .unwrap();
-    assert_eq!(calling.iter().map(|r| r.id).collect::<Vec<_>>(), vec![ids[1]]);
+    assert_eq!(
+        calling.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![ids[1]]
+    );
     db.cleanup().await;
 }
 
 async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
-    let Some((db, store)) = open(backend).await else { return };
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
     let run = new_run(SessionId::new(), true);
     store.create_run(&run).await.unwrap();
     let writes: Vec<EventWrite> = (1..=5)
-        .map(|n| EventWrite { run_id: run.id, event: event(n, "text_delta", false), outcome: None })
+        .map(|n| EventWrite {
+            run_id: run.id,
+            event: event(n, "text_delta", false),
+            outcome: None,
+        })
         .collect();
     store.append_events(&writes).await.unwrap();
     assert_eq!(store.last_sequence(run.id).await.unwrap(), 5);
 
     // A batch holding a duplicate sequence fails whole: neither the new event nor the outcome.
     let bad = vec![
-        EventWrite { run_id: run.id, event: event(6, "usage_recorded", false), outcome: None },
+        EventWrite {
+            run_id: run.id,
+            event: event(6, "usage_recorded", false),
+            outcome: None,
+        },
         EventWrite {
             run_id: run.id,
             event: event(5, "run_completed", true),
-            outcome: Some(RunOutcome { status: RunStatus::Completed, finish_reason: Some(FinishReason::Stop), error: None }),
+            outcome: Some(RunOutcome {
+                status: RunStatus::Completed,
+                finish_reason: Some(FinishReason::Stop),
+                error: None,
+            }),
         },
     ];
     assert!(store.append_events(&bad).await.is_err());
     assert_eq!(store.last_sequence(run.id).await.unwrap(), 5);
-    assert_eq!(store.get_run(run.id).await.unwrap().unwrap().status, RunStatus::Pending);
+    assert_eq!(
+        store.get_run(run.id).await.unwrap().unwrap().status,
+        RunStatus::Pending
+    );
 
     let terminal = vec![EventWrite {
         run_id: run.id,
         event: event(6, "run_completed", true),
-        outcome: Some(RunOutcome { status: RunStatus::Completed, finish_reason: Some(FinishReason::Stop), error: None }),
+        outcome: Some(RunOutcome {
+            status: RunStatus::Completed,
+            finish_reason: Some(FinishReason::Stop),
+            error: None,
+        }),
     }];
     store.append_events(&terminal).await.unwrap();
     let record = store.get_run(run.id).await.unwrap().unwrap();
@@ -152,30 +207,54 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
     assert_eq!(record.finish_reason, Some(FinishReason::Stop));
 
     let all = store.read_events(run.id, 0, 100).await.unwrap();
-    assert_eq!(all.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        all.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5, 6]
+    );
     assert_eq!(all[5], *event(6, "run_completed", true));
-    assert_eq!(all[0].data, event(1, "text_delta", false).data, "byte-exact data");
+    assert_eq!(
+        all[0].data,
+        event(1, "text_delta", false).data,
+        "byte-exact data"
+    );
     let tail = store.read_events(run.id, 3, 2).await.unwrap();
-    assert_eq!(tail.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![4, 5]);
+    assert_eq!(
+        tail.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        vec![4, 5]
+    );
 
     // Terminal runs keep their status.
-    store.set_run_status(run.id, RunStatus::CallingModel).await.unwrap();
-    assert_eq!(store.get_run(run.id).await.unwrap().unwrap().status, RunStatus::Completed);
+    store
+        .set_run_status(run.id, RunStatus::CallingModel)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_run(run.id).await.unwrap().unwrap().status,
+        RunStatus::Completed
+    );
     assert!(store.active_runs().await.unwrap().is_empty());
     db.cleanup().await;
 }
 
 async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
-    let Some((db, store)) = open(backend).await else { return };
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
     let run = new_run(SessionId::new(), true);
     store.create_run(&run).await.unwrap();
-    let call = ToolCall { id: "call_1".to_owned(), name: "get_weather".to_owned(), arguments: json!({"city": "Zürich"}) };
+    let call = ToolCall {
+        id: "call_1".to_owned(),
+        name: "get_weather".to_owned(),
+        arguments: json!({"city": "Zürich"}),
+    };
     let assistant = Message {
         id: MessageId::new(),
         session_id: run.session_id,
         run_id: run.id,
         role: Role::Assistant,
-        content: vec![ContentPart::Text { text: "Checking… 🌦".to_owned() }],
+        content: vec![ContentPart::Text {
+            text: "Checking… 🌦".to_owned(),
+        }],
         tool_calls: vec![call.clone()],
         tool_call_id: None,
         tool_name: None,
@@ -184,7 +263,9 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
     let tool = Message {
         id: MessageId::new(),
         role: Role::Tool,
-        content: vec![ContentPart::Json { value: json!({"temp_c": 3.5}) }],
+        content: vec![ContentPart::Json {
+            value: json!({"temp_c": 3.5}),
+        }],
         tool_calls: Vec::new(),
         tool_call_id: Some(call.id.clone()),
         tool_name: Some(call.name.clone()),
@@ -194,23 +275,47 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
     store.add_message(&tool).await.unwrap();
     let messages = store.session_messages(run.session_id).await.unwrap();
     assert_eq!(messages.len(), 3);
-    assert_eq!(messages[1], Message { created_at: messages[1].created_at, ..assistant.clone() });
+    assert_eq!(
+        messages[1],
+        Message {
+            created_at: messages[1].created_at,
+            ..assistant.clone()
+        }
+    );
     assert_eq!(messages[2].tool_call_id.as_deref(), Some("call_1"));
     assert_eq!(messages[2].content, tool.content);
     let assistants = store.run_messages(run.id, Role::Assistant).await.unwrap();
-    assert_eq!(assistants.iter().map(|m| m.id).collect::<Vec<_>>(), vec![assistant.id]);
+    assert_eq!(
+        assistants.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![assistant.id]
+    );
     db.cleanup().await;
 }
 
 async fn progress_and_active_runs(backend: Backend) {
-    let Some((db, store)) = open(backend).await else { return };
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
     let run = new_run(SessionId::new(), true);
     store.create_run(&run).await.unwrap();
-    let usage = TokenUsage { input_tokens: 10, output_tokens: 5, total_tokens: 15 };
+    let usage = TokenUsage {
+        input_tokens: 10,
+        output_tokens: 5,
+        total_tokens: 15,
+    };
     store.record_progress(run.id, 2, usage).await.unwrap();
     let record = store.get_run(run.id).await.unwrap().unwrap();
     assert_eq!((record.iterations, record.total_usage), (2, usage));
-    assert_eq!(store.active_runs().await.unwrap().iter().map(|r| r.id).collect::<Vec<_>>(), vec![run.id]);
+    assert_eq!(
+        store
+            .active_runs()
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect::<Vec<_>>(),
+        vec![run.id]
+    );
     db.cleanup().await;
 }
 

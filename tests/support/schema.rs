@@ -19,6 +19,9 @@ impl EventSchema {
     /// Panics with every violation when `event` does not match.
     pub fn check(&self, event: &Value) {
         let errors: Vec<String> = self.0.iter_errors(event).map(|e| e.to_string()).collect();
-        assert!(errors.is_empty(), "event {event} violates the schema: {errors:?}");
+        assert!(
+            errors.is_empty(),
+            "event {event} violates the schema: {errors:?}"
+        );
     }
 }

@@ -116,7 +116,8 @@ impl TestServer {
 
     /// Starts a run with input `input` on the `fake` provider; returns its id.
     pub async fn start_run(&self, input: &str, session_id: Option<&str>) -> String {
-        let mut body = serde_json::json!({"provider": "fake", "model": "fake-model", "input": input});
+        let mut body =
+            serde_json::json!({"provider": "fake", "model": "fake-model", "input": input});
         if let Some(session) = session_id {
             body["session_id"] = Value::from(session);
         }
@@ -136,7 +137,9 @@ impl TestServer {
         let mut request = self.client.get(self.url(&format!("/runs/{run_id}/events")));
         match cursor {
             Some((n, Cursor::Header)) => request = request.header("Last-Event-ID", n.to_string()),
-            Some((n, Cursor::Query)) => request = request.query(&[("last_event_id", n.to_string())]),
+            Some((n, Cursor::Query)) => {
+                request = request.query(&[("last_event_id", n.to_string())])
+            }
             None => {}
         }
         request.send().await.expect("GET events")

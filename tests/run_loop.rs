@@ -1,0 +1,300 @@
+//! The run loop end to end against a fake OpenAI-compatible server speaking the real wire
+//! format: event order, exact stored text, history, and every failure ending in `run_failed`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr,
+    reason = "tests"
+)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::db::{Backend, TestDb};
+use support::fake_openai::{FakeOpenAi, Reply, fixture, refused_base_url, text_stream};
+use support::schema::EventSchema;
+use support::server::{Frame, TestServer, config_for};
+
+const FIXTURE_TEXT: &str = "Héllo wörld — 你好 🌍!";
+
+fn types(frames: &[Frame]) -> Vec<&str> {
+    frames.iter().map(|f| f.event.as_str()).collect()
+}
+
+/// Byte offsets that cut the fixture inside a JSON object and inside multi-byte characters.
+fn awkward_offsets(bytes: &[u8]) -> Vec<usize> {
+    let text = std::str::from_utf8(bytes).unwrap();
+    let mut cuts = Vec::new();
+    for needle in ["é", "ö", "你", "🌍"] {
+        let at = text.find(needle).unwrap();
+        cuts.push(at + 1); // inside the character's UTF-8 bytes
+    }
+    cuts.push(text.find("\"delta\"").unwrap() + 3); // inside a JSON object
+    cuts.sort_unstable();
+    cuts
+}
+
+async fn streams_a_run_end_to_end(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let body = fixture("text.sse");
+    fake.push(Reply::sse(&body).split_at(awkward_offsets(&body)));
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    let created = server
+        .create_run(json!({"provider": "fake", "model": "fake-model", "input": "Say hello", "metadata": {"ticket": 42}}))
+        .await;
+    let run_id = created["run_id"].as_str().unwrap();
+    let frames = server.events(run_id, None).await;
+
+    let kinds = types(&frames);
+    let deltas = kinds.iter().filter(|k| **k == "text_delta").count();
+    let mut expected = vec!["run_started", "context_built", "model_started"];
+    expected.extend(std::iter::repeat_n("text_delta", deltas));
+    // The fixture reports `prompt_tokens_details.cached_tokens`: cache statistics follow usage.
+    expected.extend([
+        "usage_recorded",
+        "cache_metrics",
+        "assistant_message_committed",
+        "run_completed",
+    ]);
+    assert_eq!(kinds, expected);
+    assert!(deltas >= 5, "the fixture streams several deltas");
+
+    let schema = EventSchema::new();
+    for (index, frame) in frames.iter().enumerate() {
+        let event = frame.json();
+        assert_eq!(frame.sequence(), index as u64 + 1, "contiguous from 1");
+        assert_eq!(event["sequence"], index + 1);
+        assert_eq!(event["type"], frame.event, "event: is the type");
+        assert_eq!(event["run_id"], run_id);
+        assert_eq!(event["trace_id"].as_str().unwrap().len(), 32);
+        schema.check(&event);
+    }
+    let streamed: String = frames
+        .iter()
+        .filter(|f| f.event == "text_delta")
+        .map(|f| f.json()["delta"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(streamed, FIXTURE_TEXT);
+
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "completed");
+    assert_eq!(run["finish_reason"], "stop");
+    assert_eq!(run["metadata"], json!({"ticket": 42}));
+    assert_eq!(run["iterations"], 1);
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    assert_eq!(
+        output["messages"][0]["content"][0]["text"], FIXTURE_TEXT,
+        "stored text is exact"
+    );
+    assert_eq!(output["messages"][0]["role"], "assistant");
+    assert_eq!(output["finish_reason"], "stop");
+    assert_eq!(output["iterations"], 1);
+    let usage = &frames
+        .iter()
+        .find(|f| f.event == "usage_recorded")
+        .unwrap()
+        .json()["usage"];
+    assert_eq!(output["total_usage"], *usage);
+    assert!(usage["total_tokens"].as_u64().unwrap() > 0);
+
+    let request = &fake.requests()[0].body;
+    assert_eq!(request["model"], "fake-model");
+    assert_eq!(request["stream"], true);
+    assert_eq!(
+        request["messages"],
+        json!([{"role": "user", "content": "Say hello"}])
+    );
+    server.stop().await;
+}
+
+async fn next_run_sends_the_session_history(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::sse(&text_stream(&["Paris", " is the capital."])));
+    fake.push(Reply::sse(&text_stream(&["About 2.1 million."])));
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    let first = server
+        .create_run(
+            json!({"provider": "fake", "model": "fake-model", "input": "Capital of France?"}),
+        )
+        .await;
+    let session = first["session_id"].as_str().unwrap();
+    server.finished_run(first["run_id"].as_str().unwrap()).await;
+    let second = server.start_run("Its population?", Some(session)).await;
+    let run = server.finished_run(&second).await;
+    assert_eq!(run["status"], "completed");
+    assert_eq!(run["session_id"], session);
+    let history = &fake.requests()[1].body["messages"];
+    assert_eq!(
+        *history,
+        json!([
+            {"role": "user", "content": "Capital of France?"},
+            {"role": "assistant", "content": "Paris is the capital."},
+            {"role": "user", "content": "Its population?"},
+        ])
+    );
+    let runs = server
+        .get_json(&format!("/runs?session_id={session}"))
+        .await;
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 2);
+    server.stop().await;
+}
+
+/// Runs one failing provider reply and checks the run ends `failed` with a readable error.
+async fn assert_fails(server: &TestServer, expect_in_error: &str) {
+    let run_id = server.start_run("hi", None).await;
+    let frames = server.events(&run_id, None).await;
+    let last = frames.last().unwrap();
+    assert_eq!(last.event, "run_failed", "{frames:?}");
+    assert_eq!(
+        frames
+            .iter()
+            .filter(|f| support::server::TERMINAL.contains(&f.event.as_str()))
+            .count(),
+        1
+    );
+    let error = last.json()["error"].as_str().unwrap().to_owned();
+    assert!(
+        error.contains(expect_in_error),
+        "error `{error}` mentions `{expect_in_error}`"
+    );
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["error"], error);
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    assert_eq!(output["status"], "failed");
+    assert_eq!(output["finish_reason"], "error");
+}
+
+async fn provider_failures_end_in_run_failed(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    fake.push(Reply::status(401, json!({"error": {"message": "Incorrect API key provided: sk-te***", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}})));
+    assert_fails(&server, "auth").await;
+    fake.push(Reply::status(500, json!({"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}})));
+    assert_fails(&server, "server").await;
+    let mut malformed = text_stream(&["Hel"]);
+    malformed.splice(
+        0..0,
+        b"data: {\"id\": \"chatcmpl-1\", \"choices\": [{\"delta\": {\"content\": \n\n"
+            .iter()
+            .copied(),
+    );
+    fake.push(Reply::sse(&malformed));
+    assert_fails(&server, "malformed").await;
+    let partial = &text_stream(&["Hel", "lo"])[..300];
+    fake.push(Reply::stall_after(partial));
+    assert_fails(&server, "timeout").await;
+    fake.push(Reply::close_after(partial));
+    assert_fails(&server, "transport").await;
+    server.stop().await;
+
+    let refused = refused_base_url().await;
+    let Some(server) = TestServer::start(backend, config_for(&refused)).await else {
+        return;
+    };
+    assert_fails(&server, "transport").await;
+    server.stop().await;
+}
+
+async fn cancel_ends_a_streaming_run(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let partial = &text_stream(&["Hel", "lo"])[..300];
+    fake.push(Reply::stall_after(partial));
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    let run_id = server.start_run("hi", None).await;
+    // Wait until the model call is streaming.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.get_json(&format!("/runs/{run_id}")).await["status"] != "calling_model" {
+        assert!(Instant::now() < deadline, "run reaches calling_model");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    let response = server
+        .client
+        .post(server.url(&format!("/runs/{run_id}/cancel?wait=true")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let record: Value = response.json().await.unwrap();
+    assert_eq!(record["status"], "cancelled");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "cancelled within 1 s"
+    );
+    let frames = server.events(&run_id, None).await;
+    assert_eq!(frames.last().unwrap().event, "run_cancelled");
+    assert_eq!(
+        frames
+            .iter()
+            .filter(|f| f.event.starts_with("run_c"))
+            .count(),
+        1
+    );
+    let again = server
+        .client
+        .post(server.url(&format!("/runs/{run_id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409);
+    let problem: Value = again.json().await.unwrap();
+    assert_eq!(
+        (problem["code"].as_str(), problem["run_status"].as_str()),
+        (Some("run_finished"), Some("cancelled"))
+    );
+    server.stop().await;
+}
+
+async fn restart_fails_runs_left_active(backend: Backend) {
+    let Some(db) = TestDb::new(backend).await else {
+        return;
+    };
+    let store = db.store().await;
+    let orphan = behest::store::NewRun {
+        id: behest::domain::RunId::new(),
+        session_id: behest::domain::SessionId::new(),
+        create_session: true,
+        provider: "fake".to_owned(),
+        model: "fake-model".to_owned(),
+        tool_choice: Default::default(),
+        metadata: json!({}),
+        input: "left behind".to_owned(),
+        user_message_id: behest::domain::MessageId::new(),
+        created_at: chrono::Utc::now(),
+    };
+    store.create_run(&orphan).await.unwrap();
+    let server = TestServer::on_store(store, config_for("http://127.0.0.1:9/v1"), Some(db)).await;
+    assert_eq!(server.runtime.recover().await.unwrap(), 1);
+    let frames = server.events(&orphan.id.to_string(), None).await;
+    assert_eq!(types(&frames), vec!["run_failed"]);
+    assert_eq!(
+        server.get_json(&format!("/runs/{}", orphan.id)).await["status"],
+        "failed"
+    );
+    assert_eq!(
+        server.runtime.recover().await.unwrap(),
+        0,
+        "recovery is idempotent"
+    );
+    server.stop().await;
+}
+
+on_both_backends!(
+    streams_a_run_end_to_end,
+    next_run_sends_the_session_history,
+    provider_failures_end_in_run_failed,
+    cancel_ends_a_streaming_run,
+    restart_fails_runs_left_active,
+);
