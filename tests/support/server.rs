@@ -145,6 +145,16 @@ impl TestServer {
         request.send().await.expect("GET events")
     }
 
+    /// A watch with a raw `Last-Event-ID` header value.
+    pub async fn watch_raw(&self, run_id: &str, last_event_id: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(&format!("/runs/{run_id}/events")))
+            .header("Last-Event-ID", last_event_id)
+            .send()
+            .await
+            .expect("GET events")
+    }
+
     /// Waits for the run's terminal event and returns the run record.
     pub async fn finished_run(&self, run_id: &str) -> Value {
         let frames = tokio::time::timeout(Duration::from_secs(20), self.events(run_id, None))
