@@ -1,0 +1,19 @@
+# Build: a release binary of behest (rustls: no OpenSSL needed at run time).
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY migrations ./migrations
+RUN cargo build --release --locked --bin behest
+
+# Run: a small Debian image, a non-root user, the SQLite file on a volume.
+FROM debian:bookworm-slim
+RUN useradd --system --uid 10001 behest && mkdir /data && chown behest /data
+COPY --from=build /src/target/release/behest /usr/local/bin/behest
+USER behest
+VOLUME ["/data"]
+ENV BEHEST_BIND=0.0.0.0:8080 \
+    BEHEST_DATABASE_URL=sqlite:///data/behest.db
+EXPOSE 8080
+ENTRYPOINT ["behest"]
+CMD ["serve"]
