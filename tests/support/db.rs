@@ -42,9 +42,7 @@ impl TestDb {
                         std::env::var("BEHEST_TEST_REQUIRE_POSTGRES").is_err(),
                         "BEHEST_TEST_REQUIRE_POSTGRES is set but BEHEST_TEST_POSTGRES_URL is not"
                     );
-                    eprintln!(
-                        "SKIPPED: PostgreSQL test (set BEHEST_TEST_POSTGRES_URL=postgres://… to run it)"
-                    );
+                    say_skipped();
                     return None;
                 };
                 let name = format!("behest_test_{}", uuid::Uuid::new_v4().simple());
@@ -82,6 +80,14 @@ impl TestDb {
             }
         }
     }
+}
+
+#[allow(
+    clippy::print_stderr,
+    reason = "the skip must be visible in test output"
+)]
+fn say_skipped() {
+    eprintln!("SKIPPED: PostgreSQL test (set BEHEST_TEST_POSTGRES_URL=postgres://… to run it)");
 }
 
 /// Replaces the database name (the URL path) of a PostgreSQL URL.

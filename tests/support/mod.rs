@@ -1,5 +1,11 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code, reason = "each test crate uses a different subset")]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers: each test crate uses a different subset, and a failure is a broken test"
+)]
 
 pub mod db;
 pub mod fake_openai;
