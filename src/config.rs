@@ -271,6 +271,13 @@ mod tests {
     }
 
     #[test]
+    fn shipped_examples_load() -> Result<(), ConfigError> {
+        let local = include_str!("../examples/behest.toml");
+        assert_eq!(Config::from_toml(local)?.providers.len(), 1);
+        Ok(())
+    }
+
+    #[test]
     fn provider_parses() -> Result<(), ConfigError> {
         let config = Config::from_toml(
             "[providers.local]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[providers.local.models.\"gpt-4o-mini\"]\ncontext_window = 128000\nmax_output_tokens = 16384\n",
