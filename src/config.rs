@@ -193,6 +193,14 @@ impl Config {
 
     /// Parses a TOML document alone (no env, no flags); for tests and tools.
     ///
+    /// ```
+    /// let config = behest::config::Config::from_toml("[runtime]\nmax_iterations = 5\n").unwrap();
+    /// assert_eq!(config.runtime.max_iterations, 5);
+    /// assert_eq!(config.bind, "127.0.0.1:8080");
+    /// let error = behest::config::Config::from_toml("bnd = \"0.0.0.0:1\"").unwrap_err();
+    /// assert!(error.to_string().contains("bnd"));
+    /// ```
+    ///
     /// # Errors
     /// As [`Config::load`].
     pub fn from_toml(toml: &str) -> Result<Self, ConfigError> {

@@ -350,6 +350,16 @@ impl TraceContext {
 
     /// Parses a W3C `traceparent` header (`00-<32 hex>-<16 hex>-<2 hex>`); the run gets a new
     /// span id under the caller's trace. `None` when malformed or all-zero.
+    ///
+    /// ```
+    /// use behest::runtime::TraceContext;
+    /// let header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    /// let trace = TraceContext::from_traceparent(header).unwrap();
+    /// assert_eq!(trace.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    /// assert_eq!(trace.span_id.len(), 16);
+    /// assert!(TraceContext::from_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
+    /// assert!(TraceContext::from_traceparent("garbage").is_none());
+    /// ```
     #[must_use]
     pub fn from_traceparent(header: &str) -> Option<Self> {
         let mut parts = header.trim().split('-');
