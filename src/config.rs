@@ -23,6 +23,10 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// Model providers by id (`[providers.<id>]`).
     pub providers: BTreeMap<String, ProviderConfig>,
+    /// MCP servers whose tools runs may call, by id (`[mcp_servers.<id>]`).
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// HTTP tools by tool name (`[http_tools.<name>]`).
+    pub http_tools: BTreeMap<String, HttpToolConfig>,
 }
 
 impl Default for Config {
@@ -32,6 +36,8 @@ impl Default for Config {
             database_url: "sqlite://behest.db".to_owned(),
             runtime: RuntimeConfig::default(),
             providers: BTreeMap::new(),
+            mcp_servers: BTreeMap::new(),
+            http_tools: BTreeMap::new(),
         }
     }
 }
@@ -51,6 +57,85 @@ pub struct RuntimeConfig {
     pub keep_alive_ms: u64,
     /// Request body limit in bytes; default 1 MiB.
     pub max_body_bytes: usize,
+    /// Highest `max_iterations` a run may ask for; default 100.
+    pub max_iterations_cap: u32,
+    /// Tool calls per run at most; default 100.
+    pub max_tool_calls: u32,
+    /// Tool calls of one model turn executed at once at most; default 8.
+    pub tool_concurrency: usize,
+    /// Time one tool call may take, in ms; default 60000.
+    pub tool_timeout_ms: u64,
+    /// Largest tool result kept for the model, in bytes (serialized JSON); larger results are
+    /// cut on a UTF-8 boundary with a marker; default 65536.
+    pub max_tool_output_bytes: usize,
+    /// Doom-loop detection.
+    pub doom_loop: DoomLoopConfig,
+}
+
+/// `[runtime.doom_loop]`: when repeated tool calls end a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DoomLoopConfig {
+    /// Whether detection is on; default true.
+    pub enabled: bool,
+    /// The same call (name + canonical JSON arguments) this many times in a row, or a cycle of
+    /// 2 to 4 calls repeated this many times, is a doom loop; default 3 (at least 2).
+    pub threshold: u32,
+}
+
+impl Default for DoomLoopConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            threshold: 3,
+        }
+    }
+}
+
+/// `[mcp_servers.<id>]`: an MCP server, over stdio (a child process) or streamable HTTP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "transport", rename_all = "snake_case", deny_unknown_fields)]
+pub enum McpServerConfig {
+    /// A child process speaking MCP on stdin/stdout.
+    Stdio {
+        /// The program.
+        command: String,
+        /// Its arguments.
+        #[serde(default)]
+        args: Vec<String>,
+        /// Extra environment variables.
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    /// A streamable-HTTP MCP endpoint.
+    Http {
+        /// The endpoint URL.
+        url: String,
+        /// Extra request headers (e.g. `Authorization`).
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// `[http_tools.<name>]`: a tool whose arguments are POSTed as JSON to `url`; the JSON response
+/// is the result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpToolConfig {
+    /// What the tool does, for the model.
+    pub description: String,
+    /// Where the arguments are POSTed.
+    pub url: String,
+    /// JSON Schema of the arguments (an object schema).
+    #[serde(default = "empty_object_schema")]
+    pub parameters: serde_json::Value,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn empty_object_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object", "properties": {}})
 }
 
 impl Default for RuntimeConfig {
@@ -61,6 +146,12 @@ impl Default for RuntimeConfig {
             max_batch_events: 256,
             keep_alive_ms: 15_000,
             max_body_bytes: 1 << 20,
+            max_iterations_cap: 100,
+            max_tool_calls: 100,
+            tool_concurrency: 8,
+            tool_timeout_ms: 60_000,
+            max_tool_output_bytes: 65_536,
+            doom_loop: DoomLoopConfig::default(),
         }
     }
 }

@@ -11,3 +11,4 @@ pub mod provider;
 pub mod runtime;
 pub mod server;
 pub mod store;
+pub mod tools;
