@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::provider;
 use crate::runtime::{ProviderEntry, Runtime};
 use crate::store;
+use crate::tools::{ToolRegistry, ToolSetupError};
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,9 @@ pub enum ServeError {
     /// A provider could not be set up.
     #[error("provider: {0}")]
     Provider(#[from] provider::ProviderError),
+    /// A tool source could not be set up.
+    #[error("tools: {0}")]
+    Tools(#[from] ToolSetupError),
     /// Binding or serving failed.
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
@@ -35,7 +39,11 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 ///
 /// # Errors
 /// When a provider's HTTP client cannot be built.
-pub fn runtime(config: &Config, store: Arc<dyn store::Store>) -> Result<Arc<Runtime>, ServeError> {
+pub fn runtime(
+    config: &Config,
+    store: Arc<dyn store::Store>,
+    tools: Arc<ToolRegistry>,
+) -> Result<Arc<Runtime>, ServeError> {
     let mut providers = HashMap::new();
     for (id, provider_config) in &config.providers {
         let adapter = provider::build(id, provider_config)?;
@@ -47,7 +55,7 @@ pub fn runtime(config: &Config, store: Arc<dyn store::Store>) -> Result<Arc<Runt
             },
         );
     }
-    Ok(Runtime::new(store, providers, config.runtime.clone()))
+    Ok(Runtime::new(store, providers, tools, config.runtime.clone()))
 }
 
 /// Serves the configuration until SIGINT/SIGTERM.
@@ -56,7 +64,8 @@ pub fn runtime(config: &Config, store: Arc<dyn store::Store>) -> Result<Arc<Runt
 /// [`ServeError`] when the store, a provider or the listener fails.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     let store = store::connect(&config.database_url).await?;
-    let runtime = runtime(&config, store)?;
+    let tools = Arc::new(ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?);
+    let runtime = runtime(&config, store, tools.clone())?;
     runtime.recover().await?;
     let listener = TcpListener::bind(&config.bind).await?;
     tracing::info!(
@@ -76,6 +85,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;
     runtime.shutdown(SHUTDOWN_GRACE).await;
+    tools.shutdown().await;
     Ok(())
 }
 

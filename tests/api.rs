@@ -29,7 +29,8 @@ impl Api {
         let db = TestDb::new(Backend::Sqlite).await.unwrap();
         // The provider is never reached by these tests.
         let config = config_for("http://127.0.0.1:9/v1");
-        let runtime = behest::server::runtime(&config, db.store().await).unwrap();
+        let tools = std::sync::Arc::new(behest::tools::ToolRegistry::default());
+        let runtime = behest::server::runtime(&config, db.store().await, tools).unwrap();
         let router = app(AppState::new(runtime, CancellationToken::new()));
         Self { router, _db: db }
     }

@@ -272,6 +272,10 @@ async fn restart_fails_runs_left_active(backend: Backend) {
         metadata: json!({}),
         input: "left behind".to_owned(),
         user_message_id: behest::domain::MessageId::new(),
+        tools: None,
+        max_iterations: 25,
+        client_request_id: None,
+        request_hash: None,
         created_at: chrono::Utc::now(),
     };
     store.create_run(&orphan).await.unwrap();

@@ -32,6 +32,10 @@ fn new_run(session_id: SessionId, create_session: bool) -> NewRun {
         metadata: json!({"zeta": 1, "alpha": "é ✓ 🌍", "nested": {"b": [1, 2], "a": null}}),
         input: "Bonjour, ça va ? 你好".to_owned(),
         user_message_id: MessageId::new(),
+        tools: None,
+        max_iterations: 25,
+        client_request_id: None,
+        request_hash: None,
         created_at: Utc::now(),
     }
 }
@@ -97,6 +101,19 @@ async fn run_in_missing_session_writes_nothing(backend: Backend) {
     db.cleanup().await;
 }
 
+async fn complete(store: &dyn Store, run_id: RunId) {
+    let write = EventWrite {
+        run_id,
+        event: event(1, "run_completed", true),
+        outcome: Some(RunOutcome {
+            status: RunStatus::Completed,
+            finish_reason: Some(FinishReason::Stop),
+            error: None,
+        }),
+    };
+    store.append_events(&[write]).await.unwrap();
+}
+
 async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
     let Some((db, store)) = open(backend).await else {
         return;
@@ -105,6 +122,7 @@ async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
     store.create_run(&first).await.unwrap();
     let mut ids = vec![first.id];
     for _ in 0..4 {
+        complete(store.as_ref(), *ids.last().unwrap()).await;
         let run = new_run(first.session_id, false);
         store.create_run(&run).await.unwrap();
         ids.push(run.id);
@@ -112,7 +130,7 @@ async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
     let other = new_run(SessionId::new(), true);
     store.create_run(&other).await.unwrap();
     store
-        .set_run_status(ids[1], RunStatus::CallingModel)
+        .set_run_status(ids[4], RunStatus::CallingModel)
         .await
         .unwrap();
 
@@ -147,8 +165,7 @@ async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
         .unwrap();
     assert_eq!(
         calling.iter().map(|r| r.id).collect::<Vec<_>>(),
-        vec![ids[1]]
-    );
+        vec![ids[4]]);
     db.cleanup().await;
 }
 
@@ -319,7 +336,54 @@ async fn progress_and_active_runs(backend: Backend) {
     db.cleanup().await;
 }
 
+async fn one_active_run_per_session_and_idempotency_keys(backend: Backend) {
+    let Some((db, store)) = open(backend).await else { return };
+    let mut first = new_run(SessionId::new(), true);
+    first.client_request_id = Some("req-1".to_owned());
+    first.request_hash = Some("hash-a".to_owned());
+    let record = store.create_run(&first).await.unwrap();
+    assert_eq!(record.client_request_id.as_deref(), Some("req-1"));
+
+    let busy = new_run(first.session_id, false);
+    match store.create_run(&busy).await {
+        Err(StoreError::SessionBusy { active_run, .. }) => assert_eq!(active_run, first.id),
+        other => panic!("expected SessionBusy, got {other:?}"),
+    }
+    // Nothing of the refused run was written: no run, no user message.
+    assert_eq!(store.get_run(busy.id).await.unwrap(), None);
+    assert_eq!(store.session_messages(first.session_id).await.unwrap().len(), 1);
+
+    for (hash, same) in [("hash-a", true), ("hash-b", false)] {
+        let mut retry = new_run(SessionId::new(), true);
+        retry.client_request_id = Some("req-1".to_owned());
+        retry.request_hash = Some(hash.to_owned());
+        match store.create_run(&retry).await {
+            Err(StoreError::DuplicateRequest { existing, same_request }) => {
+                assert_eq!((existing.id, same_request), (first.id, same));
+            }
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
+        assert_eq!(store.get_session(retry.session_id).await.unwrap(), None, "rolled back");
+    }
+    match store.delete_session(first.session_id).await {
+        Err(StoreError::SessionBusy { active_run, .. }) => assert_eq!(active_run, first.id),
+        other => panic!("expected SessionBusy, got {other:?}"),
+    }
+    complete(store.as_ref(), first.id).await;
+    let next = new_run(first.session_id, false);
+    store.create_run(&next).await.unwrap();
+    complete(store.as_ref(), next.id).await;
+    let sessions = store.list_sessions(None, 10).await.unwrap();
+    assert_eq!(sessions.iter().map(|s| s.id).collect::<Vec<_>>(), vec![first.session_id]);
+    assert!(store.delete_session(first.session_id).await.unwrap());
+    assert_eq!(store.get_run(first.id).await.unwrap(), None, "runs go with the session");
+    assert!(store.read_events(first.id, 0, 10).await.unwrap().is_empty());
+    assert!(!store.delete_session(first.session_id).await.unwrap());
+    db.cleanup().await;
+}
+
 on_both_backends!(
+    one_active_run_per_session_and_idempotency_keys,
     create_run_stores_session_run_and_user_message,
     run_in_missing_session_writes_nothing,
     list_runs_filters_and_pages_newest_first,

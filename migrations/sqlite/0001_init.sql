@@ -20,11 +20,21 @@ CREATE TABLE runs (
     output_tokens INTEGER NOT NULL,
     total_tokens INTEGER NOT NULL,
     error TEXT,
+    tools TEXT,
+    max_iterations INTEGER NOT NULL,
+    client_request_id TEXT,
+    request_hash TEXT,
     created_at TEXT NOT NULL,
     updated_at TEXT NOT NULL
 );
 CREATE INDEX runs_by_session ON runs (session_id, id);
 CREATE INDEX runs_by_status ON runs (status, id);
+-- Idempotency: one run per client request id.
+CREATE UNIQUE INDEX runs_by_client_request_id ON runs (client_request_id)
+    WHERE client_request_id IS NOT NULL;
+-- One active run per session: a second insert fails, whatever the timing.
+CREATE UNIQUE INDEX runs_one_active_per_session ON runs (session_id)
+    WHERE status NOT IN ('completed', 'failed', 'cancelled');
 
 CREATE TABLE messages (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

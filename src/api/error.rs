@@ -181,6 +181,17 @@ impl From<CreateRunError> for ApiError {
             CreateRunError::SessionNotFound(_) => {
                 Self::new(StatusCode::NOT_FOUND, "session_not_found", detail).field("session_id")
             }
+            CreateRunError::SessionBusy { active_run, .. } => {
+                Self::new(StatusCode::CONFLICT, "session_busy", detail).run(active_run, None)
+            }
+            CreateRunError::IdempotencyKeyReused { existing, .. } => {
+                Self::new(StatusCode::CONFLICT, "idempotency_key_reused", detail)
+                    .field("client_request_id")
+                    .run(existing, None)
+            }
+            CreateRunError::UnknownTool(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_tool", detail).field("tools")
+            }
             CreateRunError::Store(error) => Self::internal(&error),
         }
     }

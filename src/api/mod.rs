@@ -4,7 +4,9 @@
 mod error;
 mod extract;
 mod runs;
+mod sessions;
 mod system;
+mod tools;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,6 +68,8 @@ impl std::ops::Deref for AppState {
     ),
     tags(
         (name = "runs", description = "RunService: create, list, read, cancel and watch runs."),
+        (name = "sessions", description = "Sessions and their message history."),
+        (name = "tools", description = "The tools runs may call."),
         (name = "system", description = "Health and the API description.")
     )
 )]
@@ -79,6 +83,10 @@ fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(runs::get_run_output))
         .routes(routes!(runs::cancel_run))
         .routes(routes!(runs::watch_run_events))
+        .routes(routes!(sessions::list_sessions))
+        .routes(routes!(sessions::get_session, sessions::delete_session))
+        .routes(routes!(sessions::list_session_messages))
+        .routes(routes!(tools::list_tools))
         .routes(routes!(system::get_health))
         .routes(routes!(system::get_readiness))
 }

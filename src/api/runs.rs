@@ -17,7 +17,7 @@ use crate::domain::{
     CreateRunRequest, CreateRunResponse, FinishReason, Role, RunId, RunOutput, RunRecord, RunStatus,
 };
 use crate::events::AgentEvent;
-use crate::runtime::{CancelOutcome, TraceContext};
+use crate::runtime::{CancelOutcome, CreatedRun, TraceContext};
 use crate::store::RunFilter;
 
 const DEFAULT_LIMIT: u32 = 50;
@@ -37,6 +37,58 @@ async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
         .ok_or_else(|| ApiError::run_not_found(raw))
 }
 
+/// Starts the run a create request describes; the `Idempotency-Key` header stands in for a
+/// missing `client_request_id`.
+async fn start_run(
+    state: &AppState,
+    headers: &HeaderMap,
+    mut request: CreateRunRequest,
+) -> Result<CreatedRun, ApiError> {
+    if let Some(key) = headers.get("idempotency-key") {
+        let key = key.to_str().map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_header",
+                "Idempotency-Key must be visible ASCII",
+            )
+        })?;
+        match &request.client_request_id {
+            None if !key.is_empty() => request.client_request_id = Some(key.to_owned()),
+            Some(body_key) if body_key != key => {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_field",
+                    "the Idempotency-Key header and client_request_id differ",
+                )
+                .field("client_request_id"));
+            }
+            _ => {}
+        }
+    }
+    Ok(state.runtime.create_run(request, trace_context(headers)).await?)
+}
+
+fn run_headers(created: &CreatedRun) -> Result<Vec<(header::HeaderName, HeaderValue)>, ApiError> {
+    let id = created.record.id;
+    let mut headers = vec![
+        (
+            header::LOCATION,
+            HeaderValue::from_str(&format!("/runs/{id}")).map_err(|e| ApiError::internal(&e))?,
+        ),
+        (
+            header::HeaderName::from_static("x-run-id"),
+            HeaderValue::from_str(&id.to_string()).map_err(|e| ApiError::internal(&e))?,
+        ),
+    ];
+    if created.replayed {
+        headers.push((
+            header::HeaderName::from_static("idempotent-replayed"),
+            HeaderValue::from_static("true"),
+        ));
+    }
+    Ok(headers)
+}
+
 fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
     headers
         .get("traceparent")
@@ -48,35 +100,32 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
 /// `/runs/{run_id}/events`. A W3C `traceparent` header sets the events' `trace_id`.
 #[utoipa::path(post, path = "/runs", tag = "runs",
     request_body = CreateRunRequest,
-    params(("traceparent" = Option<String>, Header, description = "W3C trace context of the caller")),
+    params(
+        ("traceparent" = Option<String>, Header, description = "W3C trace context of the caller"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Stands in for `client_request_id`"),
+    ),
     responses(
-        (status = 202, description = "Run created; `Location` is the run", body = CreateRunResponse,
-            headers(("Location" = String, description = "`/runs/{run_id}`"))),
+        (status = 202, description = "Run created (or, with `Idempotent-Replayed: true`, the run an earlier identical request created); `Location` is the run", body = CreateRunResponse,
+            headers(("Location" = String, description = "`/runs/{run_id}`"),
+                    ("Idempotent-Replayed" = Option<String>, description = "`true` when an earlier identical request created the run"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`missing_field`, `invalid_field`, `unknown_provider`, `unknown_model`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`session_busy` (with the active `run_id`), `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`missing_field`, `invalid_field`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run(
     State(state): State<AppState>,
     headers: HeaderMap,
     Json(request): Json<CreateRunRequest>,
 ) -> Result<Response, ApiError> {
-    let record = state
-        .runtime
-        .create_run(request, trace_context(&headers))
-        .await?;
-    let location = HeaderValue::from_str(&format!("/runs/{}", record.id))
-        .map_err(|e| ApiError::internal(&e))?;
+    let created = start_run(&state, &headers, request).await?;
     let body = CreateRunResponse {
-        run_id: record.id,
-        session_id: record.session_id,
+        run_id: created.record.id,
+        session_id: created.record.session_id,
     };
-    Ok((
-        StatusCode::ACCEPTED,
-        [(header::LOCATION, location)],
-        axum::Json(body),
-    )
-        .into_response())
+    let mut response = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    response.headers_mut().extend(run_headers(&created)?);
+    Ok(response)
 }
 
 /// Start a run and stream its events from sequence 1 (proto `RunService.CreateRunStream`).
@@ -84,7 +133,10 @@ pub async fn create_run(
 /// `/runs/{run_id}/events` with `Last-Event-ID`. Disconnecting never cancels the run.
 #[utoipa::path(post, path = "/runs/stream", tag = "runs",
     request_body = CreateRunRequest,
-    params(("traceparent" = Option<String>, Header, description = "W3C trace context of the caller")),
+    params(
+        ("traceparent" = Option<String>, Header, description = "W3C trace context of the caller"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Stands in for `client_request_id`; a retry attaches to the existing run's stream from sequence 1"),
+    ),
     responses(
         (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
             content_type = "text/event-stream", body = AgentEvent,
@@ -92,6 +144,7 @@ pub async fn create_run(
                     ("Location" = String, description = "`/runs/{run_id}`"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`session_busy`, `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run_stream(
@@ -99,16 +152,10 @@ pub async fn create_run_stream(
     headers: HeaderMap,
     Json(request): Json<CreateRunRequest>,
 ) -> Result<Response, ApiError> {
-    let record = state
-        .runtime
-        .create_run(request, trace_context(&headers))
-        .await?;
-    let mut response = event_stream(&state, record.id, 0);
-    let id = HeaderValue::from_str(&record.id.to_string()).map_err(|e| ApiError::internal(&e))?;
-    let location = HeaderValue::from_str(&format!("/runs/{}", record.id))
-        .map_err(|e| ApiError::internal(&e))?;
-    response.headers_mut().insert("x-run-id", id);
-    response.headers_mut().insert(header::LOCATION, location);
+    let created = start_run(&state, &headers, request).await?;
+    // A retry with the same key attaches to the existing run's stream, from sequence 1.
+    let mut response = event_stream(&state, created.record.id, 0);
+    response.headers_mut().extend(run_headers(&created)?);
     Ok(response)
 }
 

@@ -198,6 +198,12 @@ pub struct RunRecord {
     pub total_usage: TokenUsage,
     /// What ended the run, when it failed.
     pub error: Option<String>,
+    /// The tools the run may call; absent: every configured tool.
+    pub tools: Option<Vec<String>>,
+    /// Model calls this run may make at most.
+    pub max_iterations: u32,
+    /// The client's idempotency key, when it gave one.
+    pub client_request_id: Option<String>,
     /// Created (RFC 3339, UTC).
     pub created_at: DateTime<Utc>,
     /// Last status change (RFC 3339, UTC).
@@ -249,9 +255,17 @@ pub struct CreateRunRequest {
     /// How the model may use tools; default `auto`.
     #[serde(default)]
     pub tool_choice: Option<ToolChoice>,
-    /// Idempotency key chosen by the client.
+    /// Idempotency key chosen by the client (or the `Idempotency-Key` header): the same key
+    /// with the same body returns the same run; with another body, 409.
     #[serde(default, deserialize_with = "empty_as_none")]
     pub client_request_id: Option<String>,
+    /// Allow-list of tool names the run may call; absent: every configured tool.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    /// Model calls the run may make at most; default the server's `max_iterations`, at most its
+    /// `max_iterations_cap`.
+    #[serde(default)]
+    pub max_iterations: Option<u32>,
 }
 
 fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {

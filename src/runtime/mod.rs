@@ -1,6 +1,7 @@
 //! The runtime: admits runs, executes each in a task it owns, cancels them, recovers runs left
 //! non-terminal by a previous process, and serves watches of the event log.
 
+mod doom_loop;
 mod event_log;
 mod run_loop;
 mod watch;
@@ -17,9 +18,12 @@ use tokio_util::task::TaskTracker;
 use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
 use crate::domain::{CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId};
 use crate::events::{EventFeed, EventPayload, LoggedEvent, RunFailed};
+use crate::domain::ToolChoice;
 use crate::provider::Provider;
 use crate::store::{NewRun, RunOutcome, Store, StoreError};
+use crate::tools::ToolRegistry;
 
+pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
 
 /// A configured provider: its adapter and its models.
@@ -59,9 +63,37 @@ pub enum CreateRunError {
     /// The named session does not exist.
     #[error("session {0} not found")]
     SessionNotFound(SessionId),
+    /// The session has an active run.
+    #[error("session {session_id} already has an active run ({active_run})")]
+    SessionBusy {
+        /// The session.
+        session_id: SessionId,
+        /// Its active run.
+        active_run: RunId,
+    },
+    /// The client request id was used for a different request.
+    #[error("client_request_id `{key}` was used for a different request (run {existing})")]
+    IdempotencyKeyReused {
+        /// The key.
+        key: String,
+        /// The run created with it.
+        existing: RunId,
+    },
+    /// A tool named in `tools` or `tool_choice` is not configured.
+    #[error("no tool named `{0}` is configured")]
+    UnknownTool(String),
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),
+}
+
+/// A created run, or the existing one an idempotent retry names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatedRun {
+    /// The run.
+    pub record: RunRecord,
+    /// True when the request repeated an earlier one (same `client_request_id` and body).
+    pub replayed: bool,
 }
 
 /// What `cancel_run` did.
@@ -84,6 +116,7 @@ pub struct Runtime {
     store: Arc<dyn Store>,
     log: EventLog,
     providers: HashMap<String, ProviderEntry>,
+    tools: Arc<ToolRegistry>,
     config: RuntimeConfig,
     active: Mutex<HashMap<RunId, ActiveRun>>,
     tasks: TaskTracker,
@@ -97,6 +130,7 @@ impl Runtime {
     pub fn new(
         store: Arc<dyn Store>,
         providers: HashMap<String, ProviderEntry>,
+        tools: Arc<ToolRegistry>,
         config: RuntimeConfig,
     ) -> Arc<Self> {
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
@@ -105,6 +139,7 @@ impl Runtime {
             store,
             log,
             providers,
+            tools,
             config,
             active: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
@@ -124,6 +159,12 @@ impl Runtime {
         &self.providers
     }
 
+    /// The configured tools.
+    #[must_use]
+    pub fn tools(&self) -> &Arc<ToolRegistry> {
+        &self.tools
+    }
+
     /// The runtime limits in force.
     #[must_use]
     pub fn config(&self) -> &RuntimeConfig {
@@ -135,15 +176,18 @@ impl Runtime {
     }
 
     /// Validates the request, stores the run with its user message, and starts executing it.
+    /// A request repeating an earlier one (same `client_request_id`, same body) returns the
+    /// existing run and starts nothing.
     ///
     /// # Errors
-    /// [`CreateRunError`] for a missing field, an unknown provider/model/session, or the store.
+    /// [`CreateRunError`] for a missing field, an unknown provider/model/tool/session, a busy
+    /// session, a reused idempotency key, or the store.
     #[tracing::instrument(skip_all, fields(provider = %request.provider, model = %request.model))]
     pub async fn create_run(
         self: &Arc<Self>,
         request: CreateRunRequest,
         trace: Option<TraceContext>,
-    ) -> Result<RunRecord, CreateRunError> {
+    ) -> Result<CreatedRun, CreateRunError> {
         let model = self.validate(&request)?;
         let (session_id, create_session) = match request.session_id.as_deref() {
             None => (SessionId::new(), true),
@@ -155,6 +199,7 @@ impl Runtime {
                 false,
             ),
         };
+        let request_hash = request.client_request_id.as_ref().map(|_| fingerprint(&request));
         let run_id = RunId::new();
         let new_run = NewRun {
             id: run_id,
@@ -166,15 +211,32 @@ impl Runtime {
             metadata: request.metadata.unwrap_or_else(|| serde_json::json!({})),
             input: request.input,
             user_message_id: MessageId::new(),
+            tools: request.tools,
+            max_iterations: request.max_iterations.unwrap_or(self.config.max_iterations),
+            client_request_id: request.client_request_id,
+            request_hash,
             created_at: Utc::now(),
         };
-        let record = self.store.create_run(&new_run).await.map_err(|e| match e {
-            StoreError::SessionNotFound(id) => CreateRunError::SessionNotFound(id),
-            other => CreateRunError::Store(other),
-        })?;
+        let record = match self.store.create_run(&new_run).await {
+            Ok(record) => record,
+            Err(StoreError::SessionNotFound(id)) => return Err(CreateRunError::SessionNotFound(id)),
+            Err(StoreError::SessionBusy { session_id, active_run }) => {
+                return Err(CreateRunError::SessionBusy { session_id, active_run });
+            }
+            Err(StoreError::DuplicateRequest { existing, same_request }) => {
+                if same_request {
+                    return Ok(CreatedRun { record: *existing, replayed: true });
+                }
+                return Err(CreateRunError::IdempotencyKeyReused {
+                    key: new_run.client_request_id.unwrap_or_default(),
+                    existing: existing.id,
+                });
+            }
+            Err(other) => return Err(CreateRunError::Store(other)),
+        };
         let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
         self.start(record.clone(), model, trace);
-        Ok(record)
+        Ok(CreatedRun { record, replayed: false })
     }
 
     fn validate(&self, request: &CreateRunRequest) -> Result<ModelConfig, CreateRunError> {
@@ -192,6 +254,29 @@ impl Runtime {
                 return Err(CreateRunError::InvalidField {
                     field: "metadata",
                     reason: "must be a JSON object".to_owned(),
+                });
+            }
+        }
+        if let Some(max) = request.max_iterations {
+            let cap = self.config.max_iterations_cap;
+            if max == 0 || max > cap {
+                return Err(CreateRunError::InvalidField {
+                    field: "max_iterations",
+                    reason: format!("must be between 1 and {cap}"),
+                });
+            }
+        }
+        for name in request.tools.iter().flatten() {
+            if !self.tools.contains(name) {
+                return Err(CreateRunError::UnknownTool(name.clone()));
+            }
+        }
+        if let Some(ToolChoice::Tool { name }) = &request.tool_choice {
+            let allowed = request.tools.as_ref().is_none_or(|tools| tools.contains(name));
+            if !self.tools.contains(name) || !allowed {
+                return Err(CreateRunError::InvalidField {
+                    field: "tool_choice",
+                    reason: format!("names `{name}`, which is not among the run's tools"),
                 });
             }
         }
@@ -335,6 +420,21 @@ impl Runtime {
     pub fn is_stopping(&self) -> bool {
         self.stop.is_cancelled() || self.tasks.is_closed()
     }
+}
+
+/// SHA-256 of the request's canonical JSON without its idempotency key: what "the same body"
+/// means for a reused `client_request_id`.
+fn fingerprint(request: &CreateRunRequest) -> String {
+    use sha2::Digest;
+    let mut body = request.clone();
+    body.client_request_id = None;
+    let canonical = serde_json::to_value(&body)
+        .map(|value| canonical_json(&value))
+        .unwrap_or_default();
+    sha2::Sha256::digest(canonical.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 impl TraceContext {

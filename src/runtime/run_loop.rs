@@ -3,21 +3,21 @@
 //! panic, cancellation, shutdown).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::{LogError, RunEmitter, Runtime};
-use crate::config::ModelConfig;
+use super::{DoomLoopDetector, LogError, RunEmitter, Runtime};
+use crate::config::{ModelConfig, RuntimeConfig};
 use crate::domain::{
     ContentPart, FinishReason, Message, MessageId, Role, RunRecord, RunStatus, TokenUsage, ToolCall,
 };
 use crate::events::{
-    CacheMetrics, ContextBuilt, EventPayload, MessageCommitted, ModelStarted, RunCancelled,
+    CacheMetrics, ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted, RunCancelled,
     RunCompleted, RunFailed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta,
-    ToolCallStarted, ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure,
+    ToolCallStarted, ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure, ToolSuccess,
     UsageRecorded,
 };
 use crate::provider::{ModelEvent, ModelRequest, ProviderError};
@@ -61,6 +61,7 @@ pub(super) async fn supervise(
     cancel: CancellationToken,
 ) {
     let run_id = record.id;
+    let record_for_cleanup = record.clone();
     let context = RunContext {
         runtime: runtime.clone(),
         record,
@@ -89,6 +90,15 @@ pub(super) async fn supervise(
             }
         },
     };
+    if ended.is_err() {
+        let reason = match &ended {
+            Err(RunFailure::Cancelled) => {
+                "cancelled: the run was cancelled before this tool call finished"
+            }
+            _ => "not executed: the run ended before this tool call finished",
+        };
+        answer_open_calls(runtime.store(), &emitter, &record_for_cleanup, reason).await;
+    }
     let (payload, outcome) = match ended {
         Ok(completion) => (
             EventPayload::RunCompleted(RunCompleted {
@@ -185,7 +195,14 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         .await?;
 
     let mut total_usage = TokenUsage::default();
-    let max_iterations = runtime.config().max_iterations;
+    let config = runtime.config().clone();
+    let max_iterations = record.max_iterations;
+    let tools = runtime.tools().specs(record.tools.as_deref());
+    let mut doom_loop = config
+        .doom_loop
+        .enabled
+        .then(|| DoomLoopDetector::new(config.doom_loop.threshold));
+    let mut tool_calls_made: u32 = 0;
     for iteration in 1..=max_iterations {
         if cancel.is_cancelled() {
             return Err(RunFailure::Cancelled);
@@ -203,7 +220,7 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         let request = ModelRequest {
             model: record.model.clone(),
             messages: history.clone(),
-            tools: Vec::new(),
+            tools: tools.clone(),
             tool_choice: record.tool_choice.clone(),
             max_output_tokens: Some(model.max_output_tokens),
         };
@@ -245,15 +262,32 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 iterations: iteration,
             });
         }
-        store
-            .set_run_status(record.id, RunStatus::WaitingForTools)
-            .await?;
-        for call in turn.tool_calls {
-            let result = ToolExecutionResult::Failure(ToolFailure {
-                error: format!("no tool named `{}` is available", call.name),
-            });
+        store.set_run_status(record.id, RunStatus::WaitingForTools).await?;
+        let calls = turn.tool_calls;
+        if let Some(description) = doom_loop.as_mut().and_then(|d| d.observe(&calls)) {
+            emitter
+                .emit(EventPayload::DoomLoopDetected(DoomLoopDetected {
+                    description: description.clone(),
+                }))
+                .await?;
+            skip_calls(&store, &emitter, &record, &calls, "not executed: doom loop detected").await?;
+            return Err(RunFailure::Limit(format!("doom loop detected: {description}")));
+        }
+        tool_calls_made = tool_calls_made.saturating_add(u32::try_from(calls.len()).unwrap_or(u32::MAX));
+        if tool_calls_made > config.max_tool_calls {
+            let reason = format!("the run reached max_tool_calls ({})", config.max_tool_calls);
+            skip_calls(&store, &emitter, &record, &calls, &format!("not executed: {reason}")).await?;
+            return Err(RunFailure::Limit(reason));
+        }
+        let executions = futures::stream::iter(calls)
+            .map(|call| execute_tool(&runtime, &emitter, &record, call, &config))
+            .buffered(config.tool_concurrency.max(1));
+        futures::pin_mut!(executions);
+        // Results are committed in the model's call order, whatever order the tools end in.
+        while let Some(execution) = executions.next().await {
+            let (call, content) = execution?;
             let message =
-                commit_tool_result(store.as_ref(), &emitter, &record, &call, result, 0).await?;
+                commit_tool_message(store.as_ref(), &emitter, &record, &call, content).await?;
             history.push(message);
         }
     }
@@ -333,28 +367,40 @@ async fn call_model(
     Ok(turn)
 }
 
-async fn commit_tool_result(
-    store: &dyn Store,
+/// Executes one tool call: `tool_execution_started`, the call (validated, with the timeout),
+/// `tool_execution_finished`. Returns the content of its tool message.
+async fn execute_tool(
+    runtime: &Runtime,
     emitter: &RunEmitter,
     record: &RunRecord,
-    call: &ToolCall,
-    result: ToolExecutionResult,
-    duration_ms: u64,
-) -> Result<Message, RunFailure> {
+    call: ToolCall,
+    config: &RuntimeConfig,
+) -> Result<(ToolCall, Vec<ContentPart>), RunFailure> {
     emitter
         .emit(EventPayload::ToolExecutionStarted(ToolExecutionStarted {
             call_id: call.id.clone(),
             tool_name: call.name.clone(),
         }))
         .await?;
-    let content = match &result {
-        ToolExecutionResult::Success(success) => vec![ContentPart::Json {
-            value: success.output.clone(),
-        }],
-        ToolExecutionResult::Failure(failure) => vec![ContentPart::Text {
-            text: format!("error: {}", failure.error),
-        }],
+    let started = Instant::now();
+    let allowed = record.tools.as_ref().is_none_or(|tools| tools.contains(&call.name));
+    let outcome = if allowed {
+        let timeout = Duration::from_millis(config.tool_timeout_ms);
+        match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("`{}` timed out after {} ms", call.name, config.tool_timeout_ms)),
+        }
+    } else {
+        Err(format!("the tool `{}` is not available to this run", call.name))
     };
+    let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let result = match outcome {
+        Ok(output) => ToolExecutionResult::Success(ToolSuccess {
+            output: truncate_output(output, config.max_tool_output_bytes),
+        }),
+        Err(error) => ToolExecutionResult::Failure(ToolFailure { error }),
+    };
+    let content = tool_content(&result);
     emitter
         .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
             call_id: call.id.clone(),
@@ -363,6 +409,55 @@ async fn commit_tool_result(
             duration_ms,
         }))
         .await?;
+    Ok((call, content))
+}
+
+/// What the model sees of a result: a string output as text, other JSON as a JSON part, a
+/// failure as text starting with `error: `.
+fn tool_content(result: &ToolExecutionResult) -> Vec<ContentPart> {
+    match result {
+        ToolExecutionResult::Success(ToolSuccess {
+            output: serde_json::Value::String(text),
+        }) => vec![ContentPart::Text { text: text.clone() }],
+        ToolExecutionResult::Success(success) => vec![ContentPart::Json {
+            value: success.output.clone(),
+        }],
+        ToolExecutionResult::Failure(failure) => vec![ContentPart::Text {
+            text: format!("error: {}", failure.error),
+        }],
+    }
+}
+
+/// Keeps a tool output within `budget` bytes of serialized JSON: a larger one becomes its text
+/// cut on a UTF-8 boundary plus a marker saying how much was cut.
+fn truncate_output(output: serde_json::Value, budget: usize) -> serde_json::Value {
+    let text = match &output {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    if text.len() <= budget {
+        return output;
+    }
+    let mut cut = budget;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    serde_json::Value::String(format!(
+        "{}\n[truncated: {} of {} bytes cut]",
+        &text[..cut],
+        text.len() - cut,
+        text.len()
+    ))
+}
+
+/// Stores one tool message answering `call` and emits `tool_message_committed`.
+async fn commit_tool_message(
+    store: &dyn Store,
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    call: &ToolCall,
+    content: Vec<ContentPart>,
+) -> Result<Message, RunFailure> {
     let mut message = new_message(record, Role::Tool, content, Vec::new());
     message.tool_call_id = Some(call.id.clone());
     message.tool_name = Some(call.name.clone());
@@ -373,6 +468,51 @@ async fn commit_tool_result(
         }))
         .await?;
     Ok(message)
+}
+
+/// Answers calls that will not run, so the session's history stays valid.
+async fn skip_calls(
+    store: &Arc<dyn Store>,
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    calls: &[ToolCall],
+    reason: &str,
+) -> Result<(), RunFailure> {
+    for call in calls {
+        let content = vec![ContentPart::Text {
+            text: format!("error: {reason}"),
+        }];
+        commit_tool_message(store.as_ref(), emitter, record, call, content).await?;
+    }
+    Ok(())
+}
+
+/// After a run ended early (cancelled, failed): answers every tool call of the run that has no
+/// tool message yet, so the session's next run sends a valid history.
+async fn answer_open_calls(
+    store: &Arc<dyn Store>,
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    reason: &str,
+) {
+    let answered = async {
+        let messages = store.session_messages(record.session_id).await?;
+        let answered: std::collections::HashSet<&str> = messages
+            .iter()
+            .filter_map(|m| m.tool_call_id.as_deref())
+            .collect();
+        let open: Vec<ToolCall> = messages
+            .iter()
+            .filter(|m| m.run_id == record.id)
+            .flat_map(|m| m.tool_calls.iter())
+            .filter(|call| !answered.contains(call.id.as_str()))
+            .cloned()
+            .collect();
+        skip_calls(store, emitter, record, &open, reason).await
+    };
+    if let Err(error) = answered.await {
+        tracing::error!(run_id = %record.id, %error, "could not answer open tool calls");
+    }
 }
 
 fn new_message(

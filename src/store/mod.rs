@@ -32,6 +32,22 @@ pub enum StoreError {
     /// The session named by a new run does not exist.
     #[error("session {0} not found")]
     SessionNotFound(SessionId),
+    /// The session already has an active run.
+    #[error("session {session_id} has an active run: {active_run}")]
+    SessionBusy {
+        /// The session.
+        session_id: SessionId,
+        /// Its active run.
+        active_run: RunId,
+    },
+    /// A run with this client request id exists already.
+    #[error("a run with this client_request_id exists: {}", existing.id)]
+    DuplicateRequest {
+        /// The existing run.
+        existing: Box<RunRecord>,
+        /// Whether the stored request fingerprint equals the new one.
+        same_request: bool,
+    },
     /// A stored value could not be read back (a bug or a foreign write).
     #[error("corrupt record: {0}")]
     Corrupt(String),
@@ -64,6 +80,14 @@ pub struct NewRun {
     pub input: String,
     /// Id of the user message.
     pub user_message_id: MessageId,
+    /// Tool allow-list.
+    pub tools: Option<Vec<String>>,
+    /// Model calls the run may make at most.
+    pub max_iterations: u32,
+    /// Idempotency key.
+    pub client_request_id: Option<String>,
+    /// Fingerprint of the request, compared when the key is reused.
+    pub request_hash: Option<String>,
     /// Creation time.
     pub created_at: DateTime<Utc>,
 }
@@ -110,7 +134,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// all in one transaction.
     ///
     /// # Errors
-    /// [`StoreError::SessionNotFound`] when an existing session was named and is missing.
+    /// [`StoreError::SessionNotFound`] when an existing session was named and is missing;
+    /// [`StoreError::DuplicateRequest`] when the client request id was used before;
+    /// [`StoreError::SessionBusy`] when the session has an active run. Nothing is written then.
     async fn create_run(&self, run: &NewRun) -> StoreResult<RunRecord>;
 
     /// The run, if it exists.
@@ -159,6 +185,16 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// Every run not in a terminal status (for recovery at startup).
     async fn active_runs(&self) -> StoreResult<Vec<RunRecord>>;
+
+    /// A page of sessions, newest first, older than `before` when given.
+    async fn list_sessions(&self, before: Option<SessionId>, limit: u32)
+    -> StoreResult<Vec<Session>>;
+
+    /// Deletes the session with its runs, messages and events.
+    ///
+    /// # Errors
+    /// [`StoreError::SessionBusy`] while it has an active run (nothing is deleted).
+    async fn delete_session(&self, id: SessionId) -> StoreResult<bool>;
 }
 
 /// Opens the store a URL names, creating the SQLite file when missing, and applies migrations.

@@ -6,7 +6,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::StoreResult;
-use super::sql::impl_store;
+use super::sql::{impl_explain_conflict, impl_store};
 
 /// The PostgreSQL store.
 #[derive(Debug, Clone)]
@@ -34,4 +34,5 @@ impl PostgresStore {
     }
 }
 
+impl_explain_conflict!(PostgresStore);
 impl_store!(PostgresStore, Postgres);

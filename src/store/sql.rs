@@ -16,7 +16,7 @@ use crate::events::LoggedEvent;
 
 pub(super) const RUN_COLUMNS: &str = "id, session_id, status, provider, model, tool_choice, \
      metadata, iterations, finish_reason, input_tokens, output_tokens, total_tokens, error, \
-     created_at, updated_at";
+     tools, max_iterations, client_request_id, created_at, updated_at";
 
 pub(super) const MESSAGE_COLUMNS: &str =
     "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at";
@@ -36,6 +36,9 @@ pub(super) struct RunRow {
     output_tokens: i64,
     total_tokens: i64,
     error: Option<String>,
+    tools: Option<String>,
+    max_iterations: i64,
+    client_request_id: Option<String>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -83,10 +86,26 @@ impl TryFrom<RunRow> for RunRecord {
                 total_tokens: count(row.total_tokens),
             },
             error: row.error,
+            tools: row.tools.map(|t| json("tools", &t)).transpose()?,
+            max_iterations: u32::try_from(row.max_iterations).unwrap_or(u32::MAX),
+            client_request_id: row.client_request_id,
             created_at: row.created_at,
             updated_at: row.updated_at,
         })
     }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct RunWithHash {
+    #[sqlx(flatten)]
+    pub(super) run: RunRow,
+    pub(super) request_hash: Option<String>,
+}
+
+/// Whether an insert failed on a unique index (the idempotency key or one active run per
+/// session), which the caller then explains.
+pub(super) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
 }
 
 #[derive(sqlx::FromRow)]
@@ -195,10 +214,13 @@ macro_rules! impl_store {
                         return Err($crate::store::StoreError::SessionNotFound(run.session_id));
                     }
                 }
-                let row: $crate::store::sql::RunRow = sqlx::query_as(&format!(
+                let tools = run.tools.as_ref().map(to_json).transpose()?;
+                let inserted: Result<$crate::store::sql::RunRow, sqlx::Error> = sqlx::query_as(&format!(
                     "INSERT INTO runs (id, session_id, status, provider, model, tool_choice, metadata, \
-                     iterations, input_tokens, output_tokens, total_tokens, created_at, updated_at) \
-                     VALUES ($1, $2, 'pending', $3, $4, $5, $6, 0, 0, 0, 0, $7, $7) RETURNING {RUN_COLUMNS}"
+                     iterations, input_tokens, output_tokens, total_tokens, tools, max_iterations, \
+                     client_request_id, request_hash, created_at, updated_at) \
+                     VALUES ($1, $2, 'pending', $3, $4, $5, $6, 0, 0, 0, 0, $7, $8, $9, $10, $11, $11) \
+                     RETURNING {RUN_COLUMNS}"
                 ))
                 .bind(run.id.0)
                 .bind(run.session_id.0)
@@ -206,9 +228,21 @@ macro_rules! impl_store {
                 .bind(&run.model)
                 .bind(to_json(&run.tool_choice)?)
                 .bind(to_json(&run.metadata)?)
+                .bind(tools)
+                .bind(i64::from(run.max_iterations))
+                .bind(run.client_request_id.as_deref())
+                .bind(run.request_hash.as_deref())
                 .bind(run.created_at)
                 .fetch_one(&mut *tx)
-                .await?;
+                .await;
+                let row = match inserted {
+                    Ok(row) => row,
+                    Err(error) if $crate::store::sql::is_unique_violation(&error) => {
+                        drop(tx);
+                        return Err(self.explain_conflict(run).await.unwrap_or(error.into()));
+                    }
+                    Err(error) => return Err(error.into()),
+                };
                 let content = to_json(&[$crate::domain::ContentPart::Text { text: run.input.clone() }])?;
                 sqlx::query(&format!(
                     "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, '[]', NULL, NULL, $5)"
@@ -433,6 +467,49 @@ macro_rules! impl_store {
                 Ok(row.map(Into::into))
             }
 
+            async fn list_sessions(
+                &self,
+                before: Option<$crate::domain::SessionId>,
+                limit: u32,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Session>> {
+                let mut query = sqlx::QueryBuilder::<$db>::new(
+                    "SELECT id, created_at, updated_at FROM sessions WHERE 1 = 1",
+                );
+                if let Some(before) = before {
+                    query.push(" AND id < ").push_bind(before.0);
+                }
+                query.push(" ORDER BY id DESC LIMIT ").push_bind(i64::from(limit));
+                let rows: Vec<$crate::store::sql::SessionRow> =
+                    query.build_query_as().fetch_all(&self.pool).await?;
+                Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            async fn delete_session(
+                &self,
+                id: $crate::domain::SessionId,
+            ) -> $crate::store::StoreResult<bool> {
+                let mut tx = self.begin_write().await?;
+                let active: Option<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM runs WHERE session_id = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1",
+                )
+                .bind(id.0)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if let Some(run) = active {
+                    return Err($crate::store::StoreError::SessionBusy {
+                        session_id: id,
+                        active_run: $crate::domain::RunId(run),
+                    });
+                }
+                let deleted = sqlx::query("DELETE FROM sessions WHERE id = $1")
+                    .bind(id.0)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(deleted.rows_affected() > 0)
+            }
+
             async fn active_runs(
                 &self,
             ) -> $crate::store::StoreResult<Vec<$crate::domain::RunRecord>> {
@@ -449,4 +526,48 @@ macro_rules! impl_store {
     };
 }
 
-pub(super) use impl_store;
+/// Explains a unique violation on insert: a reused client request id first (a retry of the
+/// same request is not "busy"), then an active run in the session.
+macro_rules! impl_explain_conflict {
+    ($store:ty) => {
+        impl $store {
+            async fn explain_conflict(
+                &self,
+                run: &$crate::store::NewRun,
+            ) -> Option<$crate::store::StoreError> {
+                use $crate::store::sql::RUN_COLUMNS;
+                if let Some(key) = &run.client_request_id {
+                    let found: Option<$crate::store::sql::RunWithHash> = sqlx::query_as(&format!(
+                        "SELECT {RUN_COLUMNS}, request_hash FROM runs WHERE client_request_id = $1"
+                    ))
+                    .bind(key)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .ok()?;
+                    if let Some(found) = found {
+                        let same_request = found.request_hash == run.request_hash;
+                        let existing: $crate::domain::RunRecord = found.run.try_into().ok()?;
+                        return Some($crate::store::StoreError::DuplicateRequest {
+                            existing: Box::new(existing),
+                            same_request,
+                        });
+                    }
+                }
+                let active: Option<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM runs WHERE session_id = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1",
+                )
+                .bind(run.session_id.0)
+                .fetch_optional(&self.pool)
+                .await
+                .ok()?;
+                active.map(|id| $crate::store::StoreError::SessionBusy {
+                    session_id: run.session_id,
+                    active_run: $crate::domain::RunId(id),
+                })
+            }
+        }
+    };
+}
+
+pub(super) use {impl_explain_conflict, impl_store};

@@ -9,7 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::StoreResult;
-use super::sql::impl_store;
+use super::sql::{impl_explain_conflict, impl_store};
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
@@ -42,4 +42,5 @@ impl SqliteStore {
     }
 }
 
+impl_explain_conflict!(SqliteStore);
 impl_store!(SqliteStore, Sqlite);

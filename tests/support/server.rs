@@ -75,7 +75,10 @@ impl TestServer {
         config: Config,
         db: Option<TestDb>,
     ) -> Self {
-        let runtime = behest::server::runtime(&config, store).expect("runtime");
+        let tools = behest::tools::ToolRegistry::connect(&config.mcp_servers, &config.http_tools)
+            .await
+            .expect("tools");
+        let runtime = behest::server::runtime(&config, store, Arc::new(tools)).expect("runtime");
         let shutdown = CancellationToken::new();
         let router = app(AppState::new(runtime.clone(), shutdown.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

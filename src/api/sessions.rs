@@ -1,0 +1,171 @@
+//! Sessions and their message history.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::extract::Query;
+use super::{ApiError, AppState, Problem};
+use crate::domain::{Message, Session, SessionId};
+use crate::store::StoreError;
+
+const DEFAULT_LIMIT: u32 = 50;
+const MAX_LIMIT: u32 = 200;
+
+fn parse_session_id(raw: &str) -> Result<SessionId, ApiError> {
+    raw.parse().map_err(|_| session_not_found(raw))
+}
+
+fn session_not_found(raw: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+        format!("no session with id `{raw}`"),
+    )
+}
+
+async fn load_session(state: &AppState, raw: &str) -> Result<Session, ApiError> {
+    let id = parse_session_id(raw)?;
+    state
+        .runtime
+        .store()
+        .get_session(id)
+        .await?
+        .ok_or_else(|| session_not_found(raw))
+}
+
+/// Query of `GET /sessions`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListSessionsQuery {
+    /// Page size, 1 to 200; default 50.
+    limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// A page of sessions, newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ListSessionsResponse {
+    /// The sessions.
+    pub sessions: Vec<Session>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// List sessions, newest first.
+#[utoipa::path(get, path = "/sessions", tag = "sessions",
+    params(ListSessionsQuery),
+    responses(
+        (status = 200, description = "A page of sessions", body = ListSessionsResponse),
+        (status = 400, description = "`invalid_cursor`, `invalid_query`", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn list_sessions(
+    State(state): State<AppState>,
+    Query(query): Query<ListSessionsQuery>,
+) -> Result<axum::Json<ListSessionsResponse>, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("limit must be between 1 and {MAX_LIMIT}"),
+        )
+        .field("limit"));
+    }
+    let before = query
+        .cursor
+        .as_deref()
+        .map(|cursor| {
+            cursor.parse::<SessionId>().map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_cursor",
+                    "the cursor is not one this server returned",
+                )
+                .field("cursor")
+            })
+        })
+        .transpose()?;
+    let mut sessions = state
+        .runtime
+        .store()
+        .list_sessions(before, limit + 1)
+        .await?;
+    let next_cursor = if sessions.len() > limit as usize {
+        sessions.truncate(limit as usize);
+        sessions.last().map(|session| session.id.to_string())
+    } else {
+        None
+    };
+    Ok(axum::Json(ListSessionsResponse {
+        sessions,
+        next_cursor,
+    }))
+}
+
+/// Read a session.
+#[utoipa::path(get, path = "/sessions/{session_id}", tag = "sessions",
+    params(("session_id" = String, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session", body = Session),
+        (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_session(
+    State(state): State<AppState>,
+    Path(session_id): Path<String>,
+) -> Result<axum::Json<Session>, ApiError> {
+    Ok(axum::Json(load_session(&state, &session_id).await?))
+}
+
+/// The session's messages, oldest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionMessages {
+    /// Every message: user inputs, assistant replies (with tool calls), tool results.
+    pub messages: Vec<Message>,
+}
+
+/// A session's message history: roles, content parts, tool calls and tool results.
+#[utoipa::path(get, path = "/sessions/{session_id}/messages", tag = "sessions",
+    params(("session_id" = String, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The messages, oldest first", body = SessionMessages),
+        (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn list_session_messages(
+    State(state): State<AppState>,
+    Path(session_id): Path<String>,
+) -> Result<axum::Json<SessionMessages>, ApiError> {
+    let session = load_session(&state, &session_id).await?;
+    let messages = state.runtime.store().session_messages(session.id).await?;
+    Ok(axum::Json(SessionMessages { messages }))
+}
+
+/// Delete a session with its runs, messages and events.
+#[utoipa::path(delete, path = "/sessions/{session_id}", tag = "sessions",
+    params(("session_id" = String, Path, description = "Session id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`session_busy`: a run is active (its id is `run_id`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn delete_session(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_session_id(&raw)?;
+    match state.runtime.store().delete_session(id).await {
+        Ok(true) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Ok(false) => Err(session_not_found(&raw)),
+        Err(StoreError::SessionBusy { active_run, .. }) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "session_busy",
+            format!("the session has an active run ({active_run}); cancel it first"),
+        )
+        .run(active_run, None)),
+        Err(other) => Err(other.into()),
+    }
+}
