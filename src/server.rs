@@ -55,7 +55,12 @@ pub fn runtime(
             },
         );
     }
-    Ok(Runtime::new(store, providers, tools, config.runtime.clone()))
+    Ok(Runtime::new(
+        store,
+        providers,
+        tools,
+        config.runtime.clone(),
+    ))
 }
 
 /// Serves the configuration until SIGINT/SIGTERM.

@@ -165,7 +165,8 @@ async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
         .unwrap();
     assert_eq!(
         calling.iter().map(|r| r.id).collect::<Vec<_>>(),
-        vec![ids[4]]);
+        vec![ids[4]]
+    );
     db.cleanup().await;
 }
 
@@ -337,7 +338,9 @@ async fn progress_and_active_runs(backend: Backend) {
 }
 
 async fn one_active_run_per_session_and_idempotency_keys(backend: Backend) {
-    let Some((db, store)) = open(backend).await else { return };
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
     let mut first = new_run(SessionId::new(), true);
     first.client_request_id = Some("req-1".to_owned());
     first.request_hash = Some("hash-a".to_owned());
@@ -351,19 +354,33 @@ async fn one_active_run_per_session_and_idempotency_keys(backend: Backend) {
     }
     // Nothing of the refused run was written: no run, no user message.
     assert_eq!(store.get_run(busy.id).await.unwrap(), None);
-    assert_eq!(store.session_messages(first.session_id).await.unwrap().len(), 1);
+    assert_eq!(
+        store
+            .session_messages(first.session_id)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 
     for (hash, same) in [("hash-a", true), ("hash-b", false)] {
         let mut retry = new_run(SessionId::new(), true);
         retry.client_request_id = Some("req-1".to_owned());
         retry.request_hash = Some(hash.to_owned());
         match store.create_run(&retry).await {
-            Err(StoreError::DuplicateRequest { existing, same_request }) => {
+            Err(StoreError::DuplicateRequest {
+                existing,
+                same_request,
+            }) => {
                 assert_eq!((existing.id, same_request), (first.id, same));
             }
             other => panic!("expected DuplicateRequest, got {other:?}"),
         }
-        assert_eq!(store.get_session(retry.session_id).await.unwrap(), None, "rolled back");
+        assert_eq!(
+            store.get_session(retry.session_id).await.unwrap(),
+            None,
+            "rolled back"
+        );
     }
     match store.delete_session(first.session_id).await {
         Err(StoreError::SessionBusy { active_run, .. }) => assert_eq!(active_run, first.id),
@@ -374,9 +391,16 @@ async fn one_active_run_per_session_and_idempotency_keys(backend: Backend) {
     store.create_run(&next).await.unwrap();
     complete(store.as_ref(), next.id).await;
     let sessions = store.list_sessions(None, 10).await.unwrap();
-    assert_eq!(sessions.iter().map(|s| s.id).collect::<Vec<_>>(), vec![first.session_id]);
+    assert_eq!(
+        sessions.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![first.session_id]
+    );
     assert!(store.delete_session(first.session_id).await.unwrap());
-    assert_eq!(store.get_run(first.id).await.unwrap(), None, "runs go with the session");
+    assert_eq!(
+        store.get_run(first.id).await.unwrap(),
+        None,
+        "runs go with the session"
+    );
     assert!(store.read_events(first.id, 0, 10).await.unwrap().is_empty());
     assert!(!store.delete_session(first.session_id).await.unwrap());
     db.cleanup().await;

@@ -65,7 +65,10 @@ async fn start_run(
             _ => {}
         }
     }
-    Ok(state.runtime.create_run(request, trace_context(headers)).await?)
+    Ok(state
+        .runtime
+        .create_run(request, trace_context(headers))
+        .await?)
 }
 
 fn run_headers(created: &CreatedRun) -> Result<Vec<(header::HeaderName, HeaderValue)>, ApiError> {

@@ -127,8 +127,14 @@ mod tests {
     #[test]
     fn same_call_three_times_in_a_row_key_order_irrelevant() {
         let mut detector = DoomLoopDetector::new(3);
-        assert_eq!(detector.observe(&[call("get", json!({"a": 1, "b": 2}))]), None);
-        assert_eq!(detector.observe(&[call("get", json!({"b": 2, "a": 1}))]), None);
+        assert_eq!(
+            detector.observe(&[call("get", json!({"a": 1, "b": 2}))]),
+            None
+        );
+        assert_eq!(
+            detector.observe(&[call("get", json!({"b": 2, "a": 1}))]),
+            None
+        );
         let found = detector.observe(&[call("get", json!({"a": 1, "b": 2}))]);
         assert!(found.is_some_and(|d| d.contains("`get`") && d.contains("3 times")));
     }
@@ -137,7 +143,10 @@ mod tests {
     fn different_arguments_do_not_trigger() {
         let mut detector = DoomLoopDetector::new(3);
         for page in 0..20 {
-            assert_eq!(detector.observe(&[call("read", json!({"page": page}))]), None);
+            assert_eq!(
+                detector.observe(&[call("read", json!({"page": page}))]),
+                None
+            );
         }
     }
 
@@ -150,12 +159,19 @@ mod tests {
                 for step in 0..k {
                     let description = detector.observe(&[call(&format!("t{step}"), json!({}))]);
                     if description.is_some() {
-                        assert_eq!((round, step), (2, k - 1), "fires on the last call of the third round");
+                        assert_eq!(
+                            (round, step),
+                            (2, k - 1),
+                            "fires on the last call of the third round"
+                        );
                         found = description;
                     }
                 }
             }
-            assert!(found.is_some_and(|d| d.contains(&format!("cycle of {k}"))), "k = {k}");
+            assert!(
+                found.is_some_and(|d| d.contains(&format!("cycle of {k}"))),
+                "k = {k}"
+            );
         }
     }
 

@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
+use crate::domain::ToolChoice;
 use crate::domain::{CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId};
 use crate::events::{EventFeed, EventPayload, LoggedEvent, RunFailed};
-use crate::domain::ToolChoice;
 use crate::provider::Provider;
 use crate::store::{NewRun, RunOutcome, Store, StoreError};
 use crate::tools::ToolRegistry;
@@ -199,7 +199,10 @@ impl Runtime {
                 false,
             ),
         };
-        let request_hash = request.client_request_id.as_ref().map(|_| fingerprint(&request));
+        let request_hash = request
+            .client_request_id
+            .as_ref()
+            .map(|_| fingerprint(&request));
         let run_id = RunId::new();
         let new_run = NewRun {
             id: run_id,
@@ -219,13 +222,27 @@ impl Runtime {
         };
         let record = match self.store.create_run(&new_run).await {
             Ok(record) => record,
-            Err(StoreError::SessionNotFound(id)) => return Err(CreateRunError::SessionNotFound(id)),
-            Err(StoreError::SessionBusy { session_id, active_run }) => {
-                return Err(CreateRunError::SessionBusy { session_id, active_run });
+            Err(StoreError::SessionNotFound(id)) => {
+                return Err(CreateRunError::SessionNotFound(id));
             }
-            Err(StoreError::DuplicateRequest { existing, same_request }) => {
+            Err(StoreError::SessionBusy {
+                session_id,
+                active_run,
+            }) => {
+                return Err(CreateRunError::SessionBusy {
+                    session_id,
+                    active_run,
+                });
+            }
+            Err(StoreError::DuplicateRequest {
+                existing,
+                same_request,
+            }) => {
                 if same_request {
-                    return Ok(CreatedRun { record: *existing, replayed: true });
+                    return Ok(CreatedRun {
+                        record: *existing,
+                        replayed: true,
+                    });
                 }
                 return Err(CreateRunError::IdempotencyKeyReused {
                     key: new_run.client_request_id.unwrap_or_default(),
@@ -236,7 +253,10 @@ impl Runtime {
         };
         let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
         self.start(record.clone(), model, trace);
-        Ok(CreatedRun { record, replayed: false })
+        Ok(CreatedRun {
+            record,
+            replayed: false,
+        })
     }
 
     fn validate(&self, request: &CreateRunRequest) -> Result<ModelConfig, CreateRunError> {
@@ -272,7 +292,10 @@ impl Runtime {
             }
         }
         if let Some(ToolChoice::Tool { name }) = &request.tool_choice {
-            let allowed = request.tools.as_ref().is_none_or(|tools| tools.contains(name));
+            let allowed = request
+                .tools
+                .as_ref()
+                .is_none_or(|tools| tools.contains(name));
             if !self.tools.contains(name) || !allowed {
                 return Err(CreateRunError::InvalidField {
                     field: "tool_choice",

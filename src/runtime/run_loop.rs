@@ -15,10 +15,10 @@ use crate::domain::{
     ContentPart, FinishReason, Message, MessageId, Role, RunRecord, RunStatus, TokenUsage, ToolCall,
 };
 use crate::events::{
-    CacheMetrics, ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted, RunCancelled,
-    RunCompleted, RunFailed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta,
-    ToolCallStarted, ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure, ToolSuccess,
-    UsageRecorded,
+    CacheMetrics, ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted,
+    RunCancelled, RunCompleted, RunFailed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta,
+    ToolCallStarted, ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure,
+    ToolSuccess, UsageRecorded,
 };
 use crate::provider::{ModelEvent, ModelRequest, ProviderError};
 use crate::store::{RunOutcome, Store, StoreError};
@@ -262,7 +262,9 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 iterations: iteration,
             });
         }
-        store.set_run_status(record.id, RunStatus::WaitingForTools).await?;
+        store
+            .set_run_status(record.id, RunStatus::WaitingForTools)
+            .await?;
         let calls = turn.tool_calls;
         if let Some(description) = doom_loop.as_mut().and_then(|d| d.observe(&calls)) {
             emitter
@@ -270,13 +272,30 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                     description: description.clone(),
                 }))
                 .await?;
-            skip_calls(&store, &emitter, &record, &calls, "not executed: doom loop detected").await?;
-            return Err(RunFailure::Limit(format!("doom loop detected: {description}")));
+            skip_calls(
+                &store,
+                &emitter,
+                &record,
+                &calls,
+                "not executed: doom loop detected",
+            )
+            .await?;
+            return Err(RunFailure::Limit(format!(
+                "doom loop detected: {description}"
+            )));
         }
-        tool_calls_made = tool_calls_made.saturating_add(u32::try_from(calls.len()).unwrap_or(u32::MAX));
+        tool_calls_made =
+            tool_calls_made.saturating_add(u32::try_from(calls.len()).unwrap_or(u32::MAX));
         if tool_calls_made > config.max_tool_calls {
             let reason = format!("the run reached max_tool_calls ({})", config.max_tool_calls);
-            skip_calls(&store, &emitter, &record, &calls, &format!("not executed: {reason}")).await?;
+            skip_calls(
+                &store,
+                &emitter,
+                &record,
+                &calls,
+                &format!("not executed: {reason}"),
+            )
+            .await?;
             return Err(RunFailure::Limit(reason));
         }
         let executions = futures::stream::iter(calls)
@@ -383,15 +402,25 @@ async fn execute_tool(
         }))
         .await?;
     let started = Instant::now();
-    let allowed = record.tools.as_ref().is_none_or(|tools| tools.contains(&call.name));
+    let allowed = record
+        .tools
+        .as_ref()
+        .is_none_or(|tools| tools.contains(&call.name));
     let outcome = if allowed {
         let timeout = Duration::from_millis(config.tool_timeout_ms);
-        match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await {
+        match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await
+        {
             Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err(format!("`{}` timed out after {} ms", call.name, config.tool_timeout_ms)),
+            Err(_) => Err(format!(
+                "`{}` timed out after {} ms",
+                call.name, config.tool_timeout_ms
+            )),
         }
     } else {
-        Err(format!("the tool `{}` is not available to this run", call.name))
+        Err(format!(
+            "the tool `{}` is not available to this run",
+            call.name
+        ))
     };
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let result = match outcome {

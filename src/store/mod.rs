@@ -187,8 +187,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn active_runs(&self) -> StoreResult<Vec<RunRecord>>;
 
     /// A page of sessions, newest first, older than `before` when given.
-    async fn list_sessions(&self, before: Option<SessionId>, limit: u32)
-    -> StoreResult<Vec<Session>>;
+    async fn list_sessions(
+        &self,
+        before: Option<SessionId>,
+        limit: u32,
+    ) -> StoreResult<Vec<Session>>;
 
     /// Deletes the session with its runs, messages and events.
     ///
