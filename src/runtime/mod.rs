@@ -220,7 +220,22 @@ impl Runtime {
             request_hash,
             created_at: Utc::now(),
         };
-        let record = match self.store.create_run(&new_run).await {
+        // Registered (and its live feed opened) before the run is visible, so neither a cancel
+        // nor a watcher can find it unowned.
+        let cancel = CancellationToken::new();
+        self.log.feed().open(run_id);
+        self.active().insert(
+            run_id,
+            ActiveRun {
+                cancel: cancel.clone(),
+            },
+        );
+        let stored = self.store.create_run(&new_run).await;
+        if stored.is_err() {
+            self.active().remove(&run_id);
+            self.log.feed().close(run_id);
+        }
+        let record = match stored {
             Ok(record) => record,
             Err(StoreError::SessionNotFound(id)) => {
                 return Err(CreateRunError::SessionNotFound(id));
@@ -252,7 +267,7 @@ impl Runtime {
             Err(other) => return Err(CreateRunError::Store(other)),
         };
         let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
-        self.start(record.clone(), model, trace);
+        self.start(record.clone(), model, trace, cancel);
         Ok(CreatedRun {
             record,
             replayed: false,
@@ -318,16 +333,14 @@ impl Runtime {
             })
     }
 
-    fn start(self: &Arc<Self>, record: RunRecord, model: ModelConfig, trace: TraceContext) {
+    fn start(
+        self: &Arc<Self>,
+        record: RunRecord,
+        model: ModelConfig,
+        trace: TraceContext,
+        cancel: CancellationToken,
+    ) {
         let run_id = record.id;
-        let cancel = CancellationToken::new();
-        self.log.feed().open(run_id);
-        self.active().insert(
-            run_id,
-            ActiveRun {
-                cancel: cancel.clone(),
-            },
-        );
         let emitter = Arc::new(self.log.emitter(run_id, 0, trace));
         let runtime = self.clone();
         self.tasks.spawn(async move {
