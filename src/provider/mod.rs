@@ -1,6 +1,7 @@
 //! Model providers: one adapter per wire format, mapping it to a common stream of
 //! [`ModelEvent`]s. Providers never import the runtime or the API.
 
+mod http;
 pub mod openai;
 
 use std::fmt;
