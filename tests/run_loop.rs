@@ -146,8 +146,9 @@ async fn next_run_sends_the_session_history(backend: Backend) {
     server.stop().await;
 }
 
-/// Runs one failing provider reply and checks the run ends `failed` with a readable error.
-async fn assert_fails(server: &TestServer, expect_in_error: &str) {
+/// Runs one failing provider reply and checks the run ends `failed` with a readable error and
+/// the provider error's class (`None`: no `error_class` in the event).
+async fn assert_fails(server: &TestServer, expect_in_error: &str, class: Option<&str>) {
     let run_id = server.start_run("hi", None).await;
     let frames = server.events(&run_id, None).await;
     let last = frames.last().unwrap();
@@ -164,6 +165,11 @@ async fn assert_fails(server: &TestServer, expect_in_error: &str) {
         error.contains(expect_in_error),
         "error `{error}` mentions `{expect_in_error}`"
     );
+    assert_eq!(
+        last.json().get("error_class").and_then(Value::as_str),
+        class,
+        "{error}"
+    );
     let run = server.get_json(&format!("/runs/{run_id}")).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["error"], error);
@@ -178,9 +184,9 @@ async fn provider_failures_end_in_run_failed(backend: Backend) {
         return;
     };
     fake.push(Reply::status(401, json!({"error": {"message": "Incorrect API key provided: sk-te***", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}})));
-    assert_fails(&server, "auth").await;
+    assert_fails(&server, "auth", Some("auth")).await;
     fake.push(Reply::status(500, json!({"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}})));
-    assert_fails(&server, "server").await;
+    assert_fails(&server, "server", Some("server")).await;
     let mut malformed = text_stream(&["Hel"]);
     malformed.splice(
         0..0,
@@ -189,19 +195,19 @@ async fn provider_failures_end_in_run_failed(backend: Backend) {
             .copied(),
     );
     fake.push(Reply::sse(&malformed));
-    assert_fails(&server, "malformed").await;
+    assert_fails(&server, "malformed", Some("server")).await;
     let partial = &text_stream(&["Hel", "lo"])[..300];
     fake.push(Reply::stall_after(partial));
-    assert_fails(&server, "timeout").await;
+    assert_fails(&server, "timeout", Some("timeout")).await;
     fake.push(Reply::close_after(partial));
-    assert_fails(&server, "transport").await;
+    assert_fails(&server, "transport", Some("transport")).await;
     server.stop().await;
 
     let refused = refused_base_url().await;
     let Some(server) = TestServer::start(backend, config_for(&refused)).await else {
         return;
     };
-    assert_fails(&server, "transport").await;
+    assert_fails(&server, "transport", Some("transport")).await;
     server.stop().await;
 }
 
