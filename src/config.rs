@@ -71,6 +71,8 @@ impl Default for RuntimeConfig {
 pub enum ProviderKind {
     /// OpenAI Chat Completions (and compatible servers: vLLM, Ollama, llama.cpp, …).
     Openai,
+    /// Anthropic Messages API (`base_url` e.g. `https://api.anthropic.com/v1`).
+    Anthropic,
 }
 
 /// `[providers.<id>]`.

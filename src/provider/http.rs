@@ -198,9 +198,6 @@ impl From<Infallible> for ReadError {
     }
 }
 
-/// Parses a Chat Completions event stream (the raw response body, in reads of any size) into
-/// [`ModelEvent`]s: text and tool-call events as they arrive, then at most one `Usage` and
-
 /// An HTTP client with the provider's connect timeout (ms) and behest's user agent.
 ///
 /// # Errors

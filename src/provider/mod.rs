@@ -1,6 +1,7 @@
 //! Model providers: one adapter per wire format, mapping it to a common stream of
 //! [`ModelEvent`]s. Providers never import the runtime or the API.
 
+pub mod anthropic;
 mod http;
 pub mod openai;
 
@@ -94,6 +95,7 @@ pub trait Provider: Send + Sync + fmt::Debug {
 pub fn build(id: &str, config: &ProviderConfig) -> Result<Arc<dyn Provider>, ProviderError> {
     match config.kind {
         ProviderKind::Openai => Ok(Arc::new(openai::OpenAi::new(id, config)?)),
+        ProviderKind::Anthropic => Ok(Arc::new(anthropic::Anthropic::new(id, config)?)),
     }
 }
 

@@ -332,6 +332,8 @@ fn message_json(message: &Message) -> Value {
 // ---------------------------------------------------------------------------------------------
 // Response stream
 
+/// Parses a Chat Completions event stream (the raw response body, in reads of any size) into
+/// [`ModelEvent`]s: text and tool-call events as they arrive, then at most one `Usage` and
 /// exactly one `Finished`. The stream ends after the first error: an `{"error": …}` chunk
 /// (classified like an HTTP error), a malformed chunk (`server`), a read error (its class) or
 /// an end of the body before any finish reason (`transport`).
