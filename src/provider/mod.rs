@@ -4,6 +4,7 @@
 pub mod anthropic;
 mod http;
 pub mod openai;
+pub mod retry;
 
 use std::fmt;
 use std::sync::Arc;
@@ -88,14 +89,20 @@ pub trait Provider: Send + Sync + fmt::Debug {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError>;
 }
 
-/// Builds the adapter for a configured provider.
+/// Builds the adapter for a configured provider, wrapped in [`retry::Retrying`] when its
+/// `retry.max_attempts` is above 1.
 ///
 /// # Errors
 /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
 pub fn build(id: &str, config: &ProviderConfig) -> Result<Arc<dyn Provider>, ProviderError> {
-    match config.kind {
-        ProviderKind::Openai => Ok(Arc::new(openai::OpenAi::new(id, config)?)),
-        ProviderKind::Anthropic => Ok(Arc::new(anthropic::Anthropic::new(id, config)?)),
+    let adapter: Arc<dyn Provider> = match config.kind {
+        ProviderKind::Openai => Arc::new(openai::OpenAi::new(id, config)?),
+        ProviderKind::Anthropic => Arc::new(anthropic::Anthropic::new(id, config)?),
+    };
+    if config.retry.max_attempts > 1 {
+        Ok(Arc::new(retry::Retrying::new(id, adapter, config.retry)))
+    } else {
+        Ok(adapter)
     }
 }
 
