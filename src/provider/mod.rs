@@ -17,6 +17,7 @@ use crate::config::{ProviderConfig, ProviderKind};
 pub use crate::domain::ErrorClass;
 use crate::domain::{FinishReason, Message, TokenUsage, ToolCall, ToolChoice};
 use crate::events::CacheMetrics;
+pub use http::ReadError;
 
 /// A tool the model may call: name, description and JSON Schema of its arguments.
 #[derive(Debug, Clone, PartialEq)]
