@@ -162,6 +162,8 @@ impl Default for RuntimeConfig {
 pub enum ProviderKind {
     /// OpenAI Chat Completions (and compatible servers: vLLM, Ollama, llama.cpp, …).
     Openai,
+    /// Anthropic Messages API (`base_url` e.g. `https://api.anthropic.com/v1`).
+    Anthropic,
 }
 
 /// `[providers.<id>]`.
@@ -175,9 +177,12 @@ pub struct ProviderConfig {
     /// Name of the environment variable holding the API key; none for servers without auth.
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// Timeouts of each model call.
+    /// Timeouts of each model call (each attempt when retried).
     #[serde(default)]
     pub timeouts: TimeoutConfig,
+    /// Retries of failed model calls.
+    #[serde(default)]
+    pub retry: RetryConfig,
     /// Models runs may use, by name.
     pub models: BTreeMap<String, ModelConfig>,
     /// The API key, read from `api_key_env` at load time; never serialized or printed.
@@ -233,6 +238,39 @@ impl Default for TimeoutConfig {
             first_byte_ms: 60_000,
             idle_ms: 60_000,
             total_ms: 600_000,
+        }
+    }
+}
+
+/// `[providers.<id>.retry]`: retries of a model call that failed with a retryable class
+/// (`rate_limited`, `overloaded`, `server`, `timeout`, `transport`) before it emitted any
+/// output. Delays are exponential: `initial_backoff_ms * 2^(retry - 1)`, at most
+/// `max_backoff_ms`, with "equal jitter" (a uniform pick in the upper half) when `jitter` is
+/// on. A provider's `retry-after` replaces the computed delay when it is at most
+/// `max_retry_after_ms`; a longer one ends the retries (the error is returned at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts per model call, the first included (1: no retries); default 3.
+    pub max_attempts: u32,
+    /// Delay before the first retry in ms; default 500.
+    pub initial_backoff_ms: u64,
+    /// Upper bound of a computed delay in ms; default 8000.
+    pub max_backoff_ms: u64,
+    /// Randomize computed delays (equal jitter); default true.
+    pub jitter: bool,
+    /// Longest `retry-after` honoured, in ms; default 60000.
+    pub max_retry_after_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            initial_backoff_ms: 500,
+            max_backoff_ms: 8_000,
+            jitter: true,
+            max_retry_after_ms: 60_000,
         }
     }
 }
@@ -316,6 +354,11 @@ impl Config {
                     "providers.{id}.base_url must start with http:// or https://"
                 )));
             }
+            if provider.retry.max_attempts == 0 {
+                return Err(ConfigError::Check(format!(
+                    "providers.{id}.retry.max_attempts must be at least 1"
+                )));
+            }
             if provider.models.is_empty() {
                 return Err(ConfigError::Check(format!(
                     "providers.{id}.models must list at least one model"
@@ -385,6 +428,37 @@ mod tests {
         assert_eq!(provider.kind, ProviderKind::Openai);
         assert_eq!(provider.models["gpt-4o-mini"].context_window, 128_000);
         assert_eq!(provider.timeouts, TimeoutConfig::default());
+        assert_eq!(provider.retry, RetryConfig::default());
         Ok(())
+    }
+
+    #[test]
+    fn anthropic_provider_with_retry_parses() -> Result<(), ConfigError> {
+        let config = Config::from_toml(
+            "[providers.claude]\nkind = \"anthropic\"\nbase_url = \"https://api.anthropic.com/v1\"\n[providers.claude.retry]\nmax_attempts = 5\ninitial_backoff_ms = 100\njitter = false\n[providers.claude.models.m]\ncontext_window = 200000\nmax_output_tokens = 8192\n",
+        )?;
+        let provider = &config.providers["claude"];
+        assert_eq!(provider.kind, ProviderKind::Anthropic);
+        assert_eq!(
+            provider.retry,
+            RetryConfig {
+                max_attempts: 5,
+                initial_backoff_ms: 100,
+                jitter: false,
+                ..RetryConfig::default()
+            }
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn zero_attempts_are_rejected() {
+        let error = Config::from_toml(
+            "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.retry]\nmax_attempts = 0\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(error.contains("max_attempts"), "{error}");
     }
 }

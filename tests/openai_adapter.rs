@@ -11,7 +11,9 @@ use futures::StreamExt;
 use secrecy::SecretString;
 use serde_json::{Value, json};
 
-use behest::config::{ModelConfig, ProviderConfig, ProviderKind, Secret, TimeoutConfig};
+use behest::config::{
+    ModelConfig, ProviderConfig, ProviderKind, RetryConfig, Secret, TimeoutConfig,
+};
 use behest::domain::{
     ContentPart, FinishReason, Message, MessageId, Role, RunId, SessionId, ToolCall, ToolChoice,
     ToolChoiceMode,
@@ -38,6 +40,11 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
         base_url: base_url.to_owned(),
         api_key_env: None,
         timeouts,
+        // The adapter's own behaviour: one attempt per call (retries: tests/retry.rs).
+        retry: RetryConfig {
+            max_attempts: 1,
+            ..RetryConfig::default()
+        },
         models: BTreeMap::from([(
             "gpt-4o-mini".to_owned(),
             ModelConfig {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::db::{Backend, TestDb};
+use support::fake_anthropic as anthropic;
 use support::fake_openai::{FakeOpenAi, Reply, fixture, refused_base_url, text_stream};
 use support::schema::EventSchema;
 use support::server::{Frame, TestServer, config_for};
@@ -146,8 +147,9 @@ async fn next_run_sends_the_session_history(backend: Backend) {
     server.stop().await;
 }
 
-/// Runs one failing provider reply and checks the run ends `failed` with a readable error.
-async fn assert_fails(server: &TestServer, expect_in_error: &str) {
+/// Runs one failing provider reply and checks the run ends `failed` with a readable error and
+/// the provider error's class (`None`: no `error_class` in the event).
+async fn assert_fails(server: &TestServer, expect_in_error: &str, class: Option<&str>) {
     let run_id = server.start_run("hi", None).await;
     let frames = server.events(&run_id, None).await;
     let last = frames.last().unwrap();
@@ -164,6 +166,11 @@ async fn assert_fails(server: &TestServer, expect_in_error: &str) {
         error.contains(expect_in_error),
         "error `{error}` mentions `{expect_in_error}`"
     );
+    assert_eq!(
+        last.json().get("error_class").and_then(Value::as_str),
+        class,
+        "{error}"
+    );
     let run = server.get_json(&format!("/runs/{run_id}")).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["error"], error);
@@ -178,9 +185,9 @@ async fn provider_failures_end_in_run_failed(backend: Backend) {
         return;
     };
     fake.push(Reply::status(401, json!({"error": {"message": "Incorrect API key provided: sk-te***", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}})));
-    assert_fails(&server, "auth").await;
+    assert_fails(&server, "auth", Some("auth")).await;
     fake.push(Reply::status(500, json!({"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}})));
-    assert_fails(&server, "server").await;
+    assert_fails(&server, "server", Some("server")).await;
     let mut malformed = text_stream(&["Hel"]);
     malformed.splice(
         0..0,
@@ -189,19 +196,19 @@ async fn provider_failures_end_in_run_failed(backend: Backend) {
             .copied(),
     );
     fake.push(Reply::sse(&malformed));
-    assert_fails(&server, "malformed").await;
+    assert_fails(&server, "malformed", Some("server")).await;
     let partial = &text_stream(&["Hel", "lo"])[..300];
     fake.push(Reply::stall_after(partial));
-    assert_fails(&server, "timeout").await;
+    assert_fails(&server, "timeout", Some("timeout")).await;
     fake.push(Reply::close_after(partial));
-    assert_fails(&server, "transport").await;
+    assert_fails(&server, "transport", Some("transport")).await;
     server.stop().await;
 
     let refused = refused_base_url().await;
     let Some(server) = TestServer::start(backend, config_for(&refused)).await else {
         return;
     };
-    assert_fails(&server, "transport").await;
+    assert_fails(&server, "transport", Some("transport")).await;
     server.stop().await;
 }
 
@@ -295,7 +302,169 @@ async fn restart_fails_runs_left_active(backend: Backend) {
     server.stop().await;
 }
 
+/// A configuration with one Anthropic provider `fake` (model `fake-model`, 1024 output
+/// tokens at most) and no retries.
+fn anthropic_config(base_url: &str) -> behest::config::Config {
+    let toml = format!(
+        "[providers.fake]\nkind = \"anthropic\"\nbase_url = \"{base_url}\"\n\
+         [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 5000\nidle_ms = 1500\ntotal_ms = 20000\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
+         [providers.fake.models.fake-model]\ncontext_window = 200000\nmax_output_tokens = 1024\n"
+    );
+    behest::config::Config::from_toml(&toml).unwrap()
+}
+
+async fn anthropic_run_end_to_end(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let body = anthropic::fixture("text.sse");
+    fake.push(Reply::sse(&body).split_at(awkward_offsets(&body)));
+    let Some(server) = TestServer::start(backend, anthropic_config(&fake.base_url())).await else {
+        return;
+    };
+    let run_id = server.start_run("Say hello", None).await;
+    let frames = server.events(&run_id, None).await;
+    let kinds = types(&frames);
+    assert_eq!(kinds.last(), Some(&"run_completed"), "{kinds:?}");
+    let schema = EventSchema::new();
+    for frame in &frames {
+        schema.check(&frame.json());
+    }
+    let streamed: String = frames
+        .iter()
+        .filter(|f| f.event == "text_delta")
+        .map(|f| f.json()["delta"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(streamed, FIXTURE_TEXT);
+    let usage = frames
+        .iter()
+        .find(|f| f.event == "usage_recorded")
+        .unwrap()
+        .json();
+    assert_eq!(
+        usage["usage"],
+        json!({"input_tokens": 12, "output_tokens": 15, "total_tokens": 27})
+    );
+    let cache = frames
+        .iter()
+        .find(|f| f.event == "cache_metrics")
+        .unwrap()
+        .json();
+    assert_eq!(cache["cache_read_input_tokens"], 0);
+
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    assert_eq!(output["messages"][0]["content"][0]["text"], FIXTURE_TEXT);
+    assert_eq!(output["finish_reason"], "stop");
+    assert_eq!(output["total_usage"], usage["usage"]);
+
+    let requests = fake.requests();
+    assert_eq!(requests[0].path, "/v1/messages");
+    assert_eq!(
+        requests[0].body,
+        json!({
+            "model": "fake-model",
+            "max_tokens": 1024,
+            "stream": true,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello"}]}],
+        })
+    );
+    server.stop().await;
+}
+
+async fn anthropic_parallel_tool_use_results_go_back_in_one_message(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::sse(&anthropic::fixture("parallel_tool_use.sse")).chunks_every(90));
+    fake.push(Reply::sse(&anthropic::text_stream(&[
+        "Sorry, ",
+        "no tools.",
+    ])));
+    let Some(server) = TestServer::start(backend, anthropic_config(&fake.base_url())).await else {
+        return;
+    };
+    let run_id = server.start_run("Weather and time in Paris?", None).await;
+    let run = server.finished_run(&run_id).await;
+    assert_eq!(run["status"], "completed");
+    assert_eq!(run["iterations"], 2);
+    let second = &fake.requests()[1].body;
+    assert_eq!(
+        second["messages"],
+        json!([
+            {"role": "user", "content": [{"type": "text", "text": "Weather and time in Paris?"}]},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_01A09q90qw90lq917835lq9", "name": "get_weather", "input": {"location": "Paris"}},
+                {"type": "tool_use", "id": "toolu_01B19r91rx91mr028946mr0", "name": "get_time", "input": {}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01A09q90qw90lq917835lq9", "content": "error: no tool named `get_weather` is available", "is_error": true},
+                {"type": "tool_result", "tool_use_id": "toolu_01B19r91rx91mr028946mr0", "content": "error: no tool named `get_time` is available", "is_error": true},
+            ]},
+        ])
+    );
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    let messages = output["messages"].as_array().unwrap();
+    assert_eq!(
+        messages.last().unwrap()["content"][0]["text"],
+        "Sorry, no tools."
+    );
+    server.stop().await;
+}
+
+async fn anthropic_overloaded_fails_the_run_with_its_class(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let Some(server) = TestServer::start(backend, anthropic_config(&fake.base_url())).await else {
+        return;
+    };
+    fake.push(Reply::status(
+        529,
+        anthropic::error_body("overloaded_error", "Overloaded"),
+    ));
+    assert_fails(&server, "Overloaded", Some("overloaded")).await;
+    fake.push(Reply::status(
+        400,
+        anthropic::error_body(
+            "invalid_request_error",
+            "prompt is too long: 208000 tokens > 200000 maximum",
+        ),
+    ));
+    assert_fails(
+        &server,
+        "prompt is too long",
+        Some("context_length_exceeded"),
+    )
+    .await;
+    fake.push(Reply::sse(&anthropic::fixture("error_in_stream.sse")));
+    assert_fails(&server, "overloaded", Some("overloaded")).await;
+    server.stop().await;
+}
+
+async fn retried_rate_limit_completes_the_run(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let mut config = config_for(&fake.base_url());
+    for provider in config.providers.values_mut() {
+        provider.retry.max_attempts = 3;
+        provider.retry.initial_backoff_ms = 10;
+    }
+    fake.push(
+        Reply::status(429, json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}))
+            .header("retry-after", "0"),
+    );
+    fake.push(Reply::sse(&text_stream(&["Hel", "lo"])));
+    let Some(server) = TestServer::start(backend, config).await else {
+        return;
+    };
+    let run_id = server.start_run("hi", None).await;
+    let run = server.finished_run(&run_id).await;
+    assert_eq!(run["status"], "completed");
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    assert_eq!(output["messages"][0]["content"][0]["text"], "Hello");
+    assert_eq!(fake.requests().len(), 2);
+    server.stop().await;
+}
+
 on_both_backends!(
+    anthropic_run_end_to_end,
+    anthropic_parallel_tool_use_results_go_back_in_one_message,
+    anthropic_overloaded_fails_the_run_with_its_class,
+    retried_rate_limit_completes_the_run,
     streams_a_run_end_to_end,
     next_run_sends_the_session_history,
     provider_failures_end_in_run_failed,

@@ -3,10 +3,12 @@
 //! They come from the seeds (`agent.v1` proto and its `common.proto` as DESIGN.md restates it)
 //! and depend on nothing but serde, chrono, uuid and utoipa.
 
+mod error_class;
 mod ids;
 mod message;
 mod run;
 
+pub use error_class::ErrorClass;
 pub use ids::{MessageId, RunId, SessionId};
 pub use message::{ContentPart, Message, Role, ToolCall};
 pub use run::{

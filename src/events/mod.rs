@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::{FinishReason, MessageId, RunId, SessionId, TokenUsage, ToolCall};
+use crate::domain::{ErrorClass, FinishReason, MessageId, RunId, SessionId, TokenUsage, ToolCall};
 
 pub use feed::{EventFeed, FeedSubscription, LoggedEvent};
 
@@ -262,6 +262,10 @@ pub struct RunCompleted {
 pub struct RunFailed {
     /// What went wrong, readable by a person.
     pub error: String,
+    /// The class of the model provider failure that ended the run; absent when the run
+    /// failed for another reason (limits, storage, shutdown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_class: Option<ErrorClass>,
 }
 
 /// `run_cancelled` (proto `RunCancelledEvent`), terminal.

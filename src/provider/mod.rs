@@ -1,7 +1,10 @@
 //! Model providers: one adapter per wire format, mapping it to a common stream of
 //! [`ModelEvent`]s. Providers never import the runtime or the API.
 
+pub mod anthropic;
+mod http;
 pub mod openai;
+pub mod retry;
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,12 +12,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use crate::config::{ProviderConfig, ProviderKind};
+pub use crate::domain::ErrorClass;
 use crate::domain::{FinishReason, Message, TokenUsage, ToolCall, ToolChoice};
 use crate::events::CacheMetrics;
+pub use http::ReadError;
 
 /// A tool the model may call: name, description and JSON Schema of its arguments.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,62 +90,20 @@ pub trait Provider: Send + Sync + fmt::Debug {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError>;
 }
 
-/// Builds the adapter for a configured provider.
+/// Builds the adapter for a configured provider, wrapped in [`retry::Retrying`] when its
+/// `retry.max_attempts` is above 1.
 ///
 /// # Errors
 /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
 pub fn build(id: &str, config: &ProviderConfig) -> Result<Arc<dyn Provider>, ProviderError> {
-    match config.kind {
-        ProviderKind::Openai => Ok(Arc::new(openai::OpenAi::new(id, config)?)),
-    }
-}
-
-/// How a provider call failed, for retries and for callers (e.g. compaction on
-/// `context_length_exceeded`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorClass {
-    /// 401/403: bad or missing credentials.
-    Auth,
-    /// 429: too many requests.
-    RateLimited,
-    /// 503/529 or an "overloaded" error.
-    Overloaded,
-    /// The prompt does not fit the model's context window.
-    ContextLengthExceeded,
-    /// 400/404/422 and other request errors.
-    InvalidRequest,
-    /// 5xx and malformed responses.
-    Server,
-    /// A connect, first-byte, idle or total timeout.
-    Timeout,
-    /// The connection failed or closed early.
-    Transport,
-}
-
-impl ErrorClass {
-    /// The snake_case name, as logged.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auth => "auth",
-            Self::RateLimited => "rate_limited",
-            Self::Overloaded => "overloaded",
-            Self::ContextLengthExceeded => "context_length_exceeded",
-            Self::InvalidRequest => "invalid_request",
-            Self::Server => "server",
-            Self::Timeout => "timeout",
-            Self::Transport => "transport",
-        }
-    }
-
-    /// Whether a call failing this way may be retried (only before any output was emitted).
-    #[must_use]
-    pub fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            Self::RateLimited | Self::Overloaded | Self::Server | Self::Timeout | Self::Transport
-        )
+    let adapter: Arc<dyn Provider> = match config.kind {
+        ProviderKind::Openai => Arc::new(openai::OpenAi::new(id, config)?),
+        ProviderKind::Anthropic => Arc::new(anthropic::Anthropic::new(id, config)?),
+    };
+    if config.retry.max_attempts > 1 {
+        Ok(Arc::new(retry::Retrying::new(id, adapter, config.retry)))
+    } else {
+        Ok(adapter)
     }
 }
 

@@ -394,6 +394,7 @@ impl Runtime {
             let error = "the server stopped while the run was active".to_owned();
             let payload = EventPayload::RunFailed(RunFailed {
                 error: error.clone(),
+                error_class: None,
             });
             self.end_orphan(run, payload, RunStatus::Failed, Some(error))
                 .await?;

@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::{DoomLoopDetector, LogError, RunEmitter, Runtime};
 use crate::config::{ModelConfig, RuntimeConfig};
 use crate::domain::{
-    ContentPart, FinishReason, Message, MessageId, Role, RunRecord, RunStatus, TokenUsage, ToolCall,
+    ContentPart, ErrorClass, FinishReason, Message, MessageId, Role, RunRecord, RunStatus,
+    TokenUsage, ToolCall,
 };
 use crate::events::{
     CacheMetrics, ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted,
@@ -121,10 +122,20 @@ pub(super) async fn supervise(
         ),
         Err(failure) => {
             let error = failure.to_string();
-            tracing::warn!(%run_id, %error, "run failed");
+            let error_class = match &failure {
+                RunFailure::Provider(provider_error) => Some(provider_error.class),
+                _ => None,
+            };
+            tracing::warn!(
+                %run_id,
+                %error,
+                error_class = error_class.map(ErrorClass::as_str),
+                "run failed"
+            );
             (
                 EventPayload::RunFailed(RunFailed {
                     error: error.clone(),
+                    error_class,
                 }),
                 RunOutcome {
                     status: RunStatus::Failed,

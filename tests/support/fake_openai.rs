@@ -1,7 +1,7 @@
-//! A fake OpenAI Chat Completions server for integration tests: a real HTTP server on
-//! `127.0.0.1:0` that answers `POST /v1/chat/completions` with scripted replies in the real
-//! wire format (recorded SSE streams, error bodies, stalls, cut connections) and records every
-//! request it gets.
+//! A fake model provider for integration tests: a real HTTP server on `127.0.0.1:0` that
+//! answers `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic, see
+//! `fake_anthropic`) with scripted replies in the real wire formats (recorded SSE streams,
+//! error bodies, stalls, cut connections) from one queue, and records every request it gets.
 
 #![allow(
     dead_code,
@@ -34,6 +34,8 @@ pub const MODEL: &str = "gpt-4o-mini-2024-07-18";
 /// A request the fake received.
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {
+    /// Its path, e.g. `/v1/chat/completions` or `/v1/messages`.
+    pub path: String,
     /// Its HTTP headers (including `authorization`).
     pub headers: HeaderMap,
     /// Its JSON body (`Value::Null` when the body was not JSON).
@@ -233,6 +235,7 @@ impl FakeOpenAi {
         let shared = Arc::new(Shared::default());
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/messages", post(messages))
             .with_state(Arc::clone(&shared));
         #[expect(clippy::expect_used, reason = "a test helper: no port means no test")]
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -280,11 +283,32 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    lock(&shared.requests).push(RecordedRequest { headers, body });
-    let reply = lock(&shared.replies)
-        .pop_front()
-        .unwrap_or_else(|| Reply::sse(&text_stream(&["Hel", "lo"])));
+    answer(&shared, "/v1/chat/completions", headers, &body, || {
+        Reply::sse(&text_stream(&["Hel", "lo"]))
+    })
+}
+
+async fn messages(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(&shared, "/v1/messages", headers, &body, || {
+        Reply::sse(&super::fake_anthropic::text_stream(&["Hel", "lo"]))
+    })
+}
+
+/// Records the request and answers with the next queued reply, else `default()`.
+fn answer(
+    shared: &Shared,
+    path: &str,
+    headers: HeaderMap,
+    body: &[u8],
+    default: impl FnOnce() -> Reply,
+) -> Response {
+    let body = serde_json::from_slice(body).unwrap_or(Value::Null);
+    lock(&shared.requests).push(RecordedRequest {
+        path: path.to_owned(),
+        headers,
+        body,
+    });
+    let reply = lock(&shared.replies).pop_front().unwrap_or_else(default);
     reply.into_response()
 }
 

@@ -25,6 +25,7 @@ pub fn config_with(base_url: &str, extra: &str) -> Config {
     let toml = format!(
         "{extra}\n[providers.fake]\nkind = \"openai\"\nbase_url = \"{base_url}\"\n\
          [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 5000\nidle_ms = 1500\ntotal_ms = 20000\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
          [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n"
     );
     Config::from_toml(&toml).expect("test config")

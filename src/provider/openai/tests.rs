@@ -7,9 +7,14 @@ use chrono::Utc;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+
 use super::*;
 use crate::domain::{MessageId, RunId, SessionId};
 use crate::provider::ToolSpec;
+use crate::provider::http::{EXCERPT_CHARS, retry_after};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Item = Result<ModelEvent, ProviderError>;

@@ -1,0 +1,53 @@
+//! How a model provider call failed, as reported in `run_failed` and used for retries.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// How a provider call failed, for retries and for callers (e.g. compaction on
+/// `context_length_exceeded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// 401/403: bad or missing credentials.
+    Auth,
+    /// 429: too many requests.
+    RateLimited,
+    /// 503/529 or an "overloaded" error.
+    Overloaded,
+    /// The prompt does not fit the model's context window.
+    ContextLengthExceeded,
+    /// 400/404/422 and other request errors.
+    InvalidRequest,
+    /// 5xx and malformed responses.
+    Server,
+    /// A connect, first-byte, idle or total timeout.
+    Timeout,
+    /// The connection failed or closed early.
+    Transport,
+}
+
+impl ErrorClass {
+    /// The snake_case name, as logged.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auth => "auth",
+            Self::RateLimited => "rate_limited",
+            Self::Overloaded => "overloaded",
+            Self::ContextLengthExceeded => "context_length_exceeded",
+            Self::InvalidRequest => "invalid_request",
+            Self::Server => "server",
+            Self::Timeout => "timeout",
+            Self::Transport => "transport",
+        }
+    }
+
+    /// Whether a call failing this way may be retried (only before any output was emitted).
+    #[must_use]
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::RateLimited | Self::Overloaded | Self::Server | Self::Timeout | Self::Transport
+        )
+    }
+}

@@ -1,0 +1,835 @@
+//! Anthropic Messages API, streaming.
+//!
+//! Wire format: `POST {base_url}/messages` (base URL e.g. `https://api.anthropic.com/v1`) with
+//! `stream: true` and the headers `x-api-key`, `anthropic-version: 2023-06-01` and
+//! `content-type: application/json`, answered by Server-Sent Events: `message_start`, then per
+//! content block `content_block_start` / `content_block_delta` (`text_delta`,
+//! `input_json_delta`) / `content_block_stop`, then `message_delta` (stop reason, cumulative
+//! usage) and `message_stop`; `ping` and `error` may come at any point
+//! (<https://docs.anthropic.com/en/api/messages>, <https://docs.anthropic.com/en/api/messages-streaming>,
+//! <https://docs.anthropic.com/en/api/errors>,
+//! <https://docs.anthropic.com/en/docs/build-with-claude/tool-use>).
+//!
+//! Decisions where the API leaves a choice:
+//! - `TokenUsage.input_tokens` is `input_tokens + cache_creation_input_tokens +
+//!   cache_read_input_tokens`: the whole prompt, comparable to OpenAI's `prompt_tokens`; the
+//!   cache figures themselves go to [`CacheMetrics`].
+//! - Stop reasons: `end_turn`/`stop_sequence` → `stop`, `tool_use` → `tool_calls`,
+//!   `max_tokens`/`model_context_window_exceeded` → `length`, `refusal` → `content_filter`;
+//!   `pause_turn` (a server-tool turn the client should continue) and anything else →
+//!   `unknown`, since behest uses no server tools and cannot continue such a turn.
+//! - A tool call cut off by `max_tokens` is never completed: the last tool_use block is held
+//!   back until the stop reason is known and dropped when it is `max_tokens`.
+
+use std::collections::VecDeque;
+
+use async_trait::async_trait;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::{Stream, StreamExt};
+use reqwest::header::ACCEPT;
+use secrecy::ExposeSecret;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::http::{self, Answer, Deadlines, ReadError, excerpt, with_timeouts};
+use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
+use crate::config::{ProviderConfig, Secret, TimeoutConfig};
+use crate::domain::{
+    ContentPart, FinishReason, Message, Role, TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
+};
+use crate::events::CacheMetrics;
+
+/// The `anthropic-version` header sent with every request (API version 2023-06-01).
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// `max_tokens` when neither the request nor the model's configuration gives one (the API
+/// requires the field), in tokens.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// Adapter for `kind = "anthropic"`: one streaming Messages call per [`Provider::stream`],
+/// without retries.
+#[derive(Debug)]
+pub struct Anthropic {
+    id: String,
+    client: reqwest::Client,
+    /// Base URL without a trailing `/`, e.g. `https://api.anthropic.com/v1`.
+    base_url: String,
+    api_key: Option<Secret>,
+    timeouts: TimeoutConfig,
+    /// Configured `max_output_tokens` per model, for requests without their own limit.
+    max_tokens: Vec<(String, u32)>,
+}
+
+impl Anthropic {
+    /// Builds the adapter: an HTTP client with the configured connect timeout (ms), the base
+    /// URL (trailing `/` trimmed) and the API key, sent as `x-api-key` when set.
+    ///
+    /// # Errors
+    /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
+    pub fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
+        Ok(Self {
+            id: id.to_owned(),
+            client: http::client(id, config)?,
+            base_url: config.base_url.trim_end_matches('/').to_owned(),
+            api_key: config.api_key.clone(),
+            timeouts: config.timeouts,
+            max_tokens: config
+                .models
+                .iter()
+                .map(|(name, model)| (name.clone(), model.max_output_tokens))
+                .collect(),
+        })
+    }
+
+    /// The request's `max_tokens`: its own limit, else the model's configured one, else
+    /// [`DEFAULT_MAX_TOKENS`].
+    fn max_tokens(&self, request: &ModelRequest) -> u32 {
+        request.max_output_tokens.unwrap_or_else(|| {
+            self.max_tokens
+                .iter()
+                .find(|(name, _)| *name == request.model)
+                .map_or(DEFAULT_MAX_TOKENS, |(_, max)| *max)
+        })
+    }
+
+    /// Sends one request body and returns the response once its status is a success.
+    ///
+    /// # Errors
+    /// `timeout` when a deadline fires, `transport` when the connection fails, and the class
+    /// of the error body (see [`classify`]) for a non-2xx answer.
+    async fn send(
+        &self,
+        body: &Value,
+        deadlines: &Deadlines,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let url = format!("{}/messages", self.base_url);
+        let mut builder = self
+            .client
+            .post(url)
+            .header(ACCEPT, "text/event-stream")
+            .header("anthropic-version", ANTHROPIC_VERSION)
+            .json(body);
+        if let Some(key) = &self.api_key {
+            builder = builder.header("x-api-key", key.0.expose_secret());
+        }
+        match http::send(&self.id, builder, deadlines).await? {
+            Answer::Stream(response) => Ok(response),
+            Answer::Error {
+                status,
+                retry_after,
+                body,
+            } => {
+                let detail = ErrorDetail::from_body(&body);
+                let message = match &detail.message {
+                    Some(message) => excerpt(message),
+                    None => {
+                        let body = excerpt(&String::from_utf8_lossy(&body));
+                        if body.is_empty() {
+                            format!("HTTP {status}")
+                        } else {
+                            body
+                        }
+                    }
+                };
+                Err(ProviderError {
+                    provider: self.id.clone(),
+                    class: classify(Some(status), &detail),
+                    status: Some(status),
+                    message,
+                    retry_after,
+                })
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for Anthropic {
+    #[tracing::instrument(skip_all, fields(provider = %self.id, model = %request.model))]
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
+        let deadlines = Deadlines::start(&self.timeouts);
+        let body = request_body(&request, self.max_tokens(&request));
+        let response = self.send(&body, &deadlines).await?;
+        let bytes = with_timeouts(response.bytes_stream(), deadlines);
+        Ok(parse_stream(&self.id, bytes))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// What an error body or an in-stream `error` event says:
+/// `{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}`.
+#[derive(Debug, Default)]
+struct ErrorDetail {
+    /// `error.type`, e.g. `invalid_request_error`.
+    kind: Option<String>,
+    message: Option<String>,
+}
+
+impl ErrorDetail {
+    fn from_body(body: &[u8]) -> Self {
+        serde_json::from_slice::<Value>(body)
+            .map(|value| Self::from_value(&value))
+            .unwrap_or_default()
+    }
+
+    /// Reads the Anthropic shape, also accepting the error object alone or `{"error": "…"}`
+    /// (proxies).
+    fn from_value(value: &Value) -> Self {
+        let error = match value.get("error") {
+            Some(Value::String(message)) => {
+                return Self {
+                    kind: None,
+                    message: Some(message.clone()),
+                };
+            }
+            Some(error) => error,
+            None => value,
+        };
+        Self {
+            kind: error.get("type").and_then(Value::as_str).map(str::to_owned),
+            message: error
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        }
+    }
+
+    /// "prompt is too long: 208000 tokens > 200000 maximum", "input length and `max_tokens`
+    /// exceed context limit: …" and similar.
+    fn is_context_length(&self) -> bool {
+        let message = self.message.as_deref().unwrap_or("").to_lowercase();
+        [
+            "prompt is too long",
+            "exceed context limit",
+            "context window",
+            "context length",
+        ]
+        .iter()
+        .any(|phrase| message.contains(phrase))
+    }
+}
+
+/// The class of an error answer: by the error's `type` when it is one Anthropic documents,
+/// else by HTTP status; `invalid_request_error` (400) about the prompt's length is
+/// `context_length_exceeded`.
+fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
+    let by_kind = match detail.kind.as_deref() {
+        Some("invalid_request_error" | "not_found_error" | "request_too_large") => {
+            Some(ErrorClass::InvalidRequest)
+        }
+        Some("authentication_error" | "permission_error") => Some(ErrorClass::Auth),
+        Some("rate_limit_error") => Some(ErrorClass::RateLimited),
+        Some("overloaded_error") => Some(ErrorClass::Overloaded),
+        Some("api_error") => Some(ErrorClass::Server),
+        Some("timeout_error") => Some(ErrorClass::Timeout),
+        _ => None,
+    };
+    let by_status = status.map(|status| match status {
+        401 | 403 => ErrorClass::Auth,
+        429 => ErrorClass::RateLimited,
+        503 | 529 => ErrorClass::Overloaded,
+        408 | 504 => ErrorClass::Timeout,
+        400..=499 => ErrorClass::InvalidRequest,
+        _ => ErrorClass::Server,
+    });
+    match by_kind.or(by_status).unwrap_or(ErrorClass::Server) {
+        ErrorClass::InvalidRequest if detail.is_context_length() => {
+            ErrorClass::ContextLengthExceeded
+        }
+        class => class,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request
+
+/// The JSON body of a streaming Messages request: system messages joined (blank line between)
+/// into the top-level `system`; the other messages as `user`/`assistant` turns of content
+/// blocks, consecutive messages of one side merged into one turn (so all `tool_result` blocks
+/// answering one assistant turn travel in one user message, in call order).
+fn request_body(request: &ModelRequest, max_tokens: u32) -> Value {
+    let mut body = Map::new();
+    body.insert("model".to_owned(), json!(request.model));
+    body.insert("max_tokens".to_owned(), json!(max_tokens));
+    body.insert("stream".to_owned(), json!(true));
+    let system: Vec<String> = request
+        .messages
+        .iter()
+        .filter(|message| message.role == Role::System)
+        .map(|message| text_of(&message.content))
+        .filter(|text| !text.is_empty())
+        .collect();
+    if !system.is_empty() {
+        body.insert("system".to_owned(), json!(system.join("\n\n")));
+    }
+    body.insert(
+        "messages".to_owned(),
+        Value::Array(turns(&request.messages)),
+    );
+    if !request.tools.is_empty() {
+        let tools = request
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({
+                    "name": tool.name,
+                    "description": tool.description,
+                    "input_schema": tool.parameters,
+                })
+            })
+            .collect();
+        body.insert("tools".to_owned(), Value::Array(tools));
+        let choice = match &request.tool_choice {
+            ToolChoice::Mode(ToolChoiceMode::Auto) => json!({"type": "auto"}),
+            ToolChoice::Mode(ToolChoiceMode::None) => json!({"type": "none"}),
+            ToolChoice::Mode(ToolChoiceMode::Required) => json!({"type": "any"}),
+            ToolChoice::Tool { name } => json!({"type": "tool", "name": name}),
+        };
+        body.insert("tool_choice".to_owned(), choice);
+    }
+    Value::Object(body)
+}
+
+/// The `messages` array: alternating turns; messages without any block are left out (the
+/// API rejects empty content).
+fn turns(messages: &[Message]) -> Vec<Value> {
+    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for message in messages {
+        let (role, blocks) = match message.role {
+            Role::System => continue,
+            Role::User => ("user", content_blocks(&message.content)),
+            Role::Tool => ("user", vec![tool_result(message)]),
+            Role::Assistant => {
+                let mut blocks = content_blocks(&message.content);
+                blocks.extend(message.tool_calls.iter().map(|call| {
+                    json!({
+                        "type": "tool_use",
+                        "id": call.id,
+                        "name": call.name,
+                        "input": call.arguments,
+                    })
+                }));
+                ("assistant", blocks)
+            }
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            Some((last, content)) if *last == role => content.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    }
+    turns
+        .into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect()
+}
+
+/// Text (non-empty), JSON (as text) and image parts as content blocks.
+fn content_blocks(parts: &[ContentPart]) -> Vec<Value> {
+    parts
+        .iter()
+        .filter_map(|part| match part {
+            ContentPart::Text { text } if text.is_empty() => None,
+            ContentPart::Text { text } => Some(json!({"type": "text", "text": text})),
+            ContentPart::Json { value } => Some(json!({"type": "text", "text": value.to_string()})),
+            ContentPart::Image { url, mime_type } => Some(image_block(url, mime_type)),
+        })
+        .collect()
+}
+
+/// An image block: `base64` source for a `data:` URL, else `url` source.
+fn image_block(url: &str, mime_type: &str) -> Value {
+    if let Some(rest) = url.strip_prefix("data:") {
+        if let Some((meta, data)) = rest.split_once(',') {
+            if let Some(media_type) = meta.strip_suffix(";base64") {
+                let media_type = if media_type.is_empty() {
+                    mime_type
+                } else {
+                    media_type
+                };
+                return json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}});
+            }
+        }
+    }
+    json!({"type": "image", "source": {"type": "url", "url": url}})
+}
+
+/// A tool message as a `tool_result` block; `is_error` when the run loop stored a failure
+/// (text starting with `error: `).
+fn tool_result(message: &Message) -> Value {
+    let text = text_of(&message.content);
+    let mut block = json!({
+        "type": "tool_result",
+        "tool_use_id": message.tool_call_id.as_deref().unwrap_or_default(),
+        "content": text,
+    });
+    if text.starts_with("error: ") {
+        block["is_error"] = json!(true);
+    }
+    block
+}
+
+/// Text and JSON parts as one string (JSON serialized), in order; images left out.
+fn text_of(parts: &[ContentPart]) -> String {
+    let mut text = String::new();
+    for part in parts {
+        match part {
+            ContentPart::Text { text: t } => text.push_str(t),
+            ContentPart::Json { value } => text.push_str(&value.to_string()),
+            ContentPart::Image { .. } => {}
+        }
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response stream
+
+/// Parses a Messages event stream (the raw response body, in reads of any size) into
+/// [`ModelEvent`]s: text and tool-call events as they arrive, then at most one `Usage` and
+/// exactly one `Finished`. The stream ends after the first error: an `error` event
+/// (classified like an HTTP error), a malformed event (`server`), a read error (its class) or
+/// an end of the body before any stop reason (`transport`).
+pub fn parse_stream<S, B, E>(provider: &str, bytes: S) -> ModelStream
+where
+    S: Stream<Item = Result<B, E>> + Send + 'static,
+    B: AsRef<[u8]> + Send + 'static,
+    E: Into<ReadError> + Send + 'static,
+{
+    let driver = Driver {
+        events: Box::pin(bytes.eventsource()),
+        parser: Parser::new(provider),
+        out: VecDeque::new(),
+        ended: false,
+    };
+    futures::stream::unfold(driver, |mut driver| async move {
+        loop {
+            if let Some(item) = driver.out.pop_front() {
+                return Some((item, driver));
+            }
+            if driver.ended {
+                return None;
+            }
+            match driver.events.next().await {
+                None => {
+                    driver.ended = true;
+                    driver.parser.on_end(&mut driver.out);
+                }
+                Some(Err(error)) => {
+                    driver.ended = true;
+                    let error = driver.parser.read_error(error);
+                    driver.out.push_back(Err(error));
+                }
+                Some(Ok(event)) => {
+                    let step = driver
+                        .parser
+                        .on_event(&event.event, &event.data, &mut driver.out);
+                    driver.ended = step == Step::End;
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+type Out = VecDeque<Result<ModelEvent, ProviderError>>;
+
+struct Driver<S> {
+    events: std::pin::Pin<Box<eventsource_stream::EventStream<S>>>,
+    parser: Parser,
+    out: Out,
+    ended: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Continue,
+    End,
+}
+
+/// One event's data, leniently: every field may be absent.
+#[derive(Debug, Default, Deserialize)]
+struct Data {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    message: Option<MessageStart>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default)]
+    content_block: Option<Value>,
+    #[serde(default)]
+    delta: Option<Value>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct MessageStart {
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+/// Token counts; each field replaces the one reported before (`message_delta` counts are
+/// cumulative).
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+struct Usage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl Usage {
+    fn merge(&mut self, newer: Usage) {
+        self.input_tokens = newer.input_tokens.or(self.input_tokens);
+        self.output_tokens = newer.output_tokens.or(self.output_tokens);
+        self.cache_creation_input_tokens = newer
+            .cache_creation_input_tokens
+            .or(self.cache_creation_input_tokens);
+        self.cache_read_input_tokens = newer
+            .cache_read_input_tokens
+            .or(self.cache_read_input_tokens);
+    }
+
+    fn event(self) -> ModelEvent {
+        let creation = self.cache_creation_input_tokens.unwrap_or(0);
+        let read = self.cache_read_input_tokens.unwrap_or(0);
+        let input = self.input_tokens.unwrap_or(0) + creation + read;
+        let output = self.output_tokens.unwrap_or(0);
+        let cache = (self.cache_creation_input_tokens.is_some()
+            || self.cache_read_input_tokens.is_some())
+        .then(|| CacheMetrics {
+            cache_creation_input_tokens: creation,
+            cache_read_input_tokens: read,
+            ..CacheMetrics::default()
+        });
+        ModelEvent::Usage {
+            usage: TokenUsage {
+                input_tokens: input,
+                output_tokens: output,
+                total_tokens: input + output,
+            },
+            cache,
+        }
+    }
+}
+
+/// A tool_use block being assembled.
+#[derive(Debug)]
+struct PendingCall {
+    index: Option<u64>,
+    id: String,
+    name: String,
+    /// `content_block_start`'s `input` (`{}` when streamed), used when no delta came.
+    initial: Value,
+    arguments: String,
+}
+
+/// The state of one call's stream.
+struct Parser {
+    provider: String,
+    /// Open tool_use blocks (normally at most one).
+    calls: Vec<PendingCall>,
+    /// The last tool call whose block stopped: held back until a later block starts or the
+    /// stop reason is known, because a `max_tokens` cut closes the cut block too.
+    held: Option<ToolCall>,
+    stop_reason: Option<String>,
+    usage: Option<Usage>,
+    completed: usize,
+}
+
+impl Parser {
+    fn new(provider: &str) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            calls: Vec::new(),
+            held: None,
+            stop_reason: None,
+            usage: None,
+            completed: 0,
+        }
+    }
+
+    fn error(&self, class: ErrorClass, message: impl Into<String>) -> ProviderError {
+        ProviderError::new(&self.provider, class, message)
+    }
+
+    fn read_error<E: Into<ReadError>>(&self, error: EventStreamError<E>) -> ProviderError {
+        match error {
+            EventStreamError::Transport(error) => {
+                let error = error.into();
+                self.error(error.class, error.message)
+            }
+            EventStreamError::Utf8(error) => {
+                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
+            }
+            EventStreamError::Parser(error) => {
+                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
+            }
+        }
+    }
+
+    /// Handles one SSE event; its data's `type` decides, the SSE event name is the fallback.
+    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step {
+        if data.trim().is_empty() {
+            return Step::Continue;
+        }
+        let parsed: Data = match serde_json::from_str(data) {
+            Ok(parsed) => parsed,
+            Err(_) if event == "error" => {
+                let detail = ErrorDetail {
+                    kind: None,
+                    message: Some(excerpt(data)),
+                };
+                out.push_back(Err(self.error(classify(None, &detail), excerpt(data))));
+                return Step::End;
+            }
+            Err(error) => {
+                out.push_back(Err(self.error(
+                    ErrorClass::Server,
+                    format!("malformed event: {error}: {}", excerpt(data)),
+                )));
+                return Step::End;
+            }
+        };
+        let kind = parsed.kind.clone().unwrap_or_else(|| event.to_owned());
+        match kind.as_str() {
+            "message_start" => {
+                if let Some(usage) = parsed.message.and_then(|m| m.usage) {
+                    self.add_usage(usage);
+                }
+            }
+            "content_block_start" => self.on_block_start(&parsed, out),
+            "content_block_delta" => self.on_block_delta(&parsed, out),
+            "content_block_stop" => self.on_block_stop(parsed.index),
+            "message_delta" => {
+                if let Some(usage) = parsed.usage {
+                    self.add_usage(usage);
+                }
+                let reason = parsed
+                    .delta
+                    .as_ref()
+                    .and_then(|d| d.get("stop_reason"))
+                    .and_then(Value::as_str);
+                if let Some(reason) = reason {
+                    self.stop_reason = Some(reason.to_owned());
+                    self.close_calls(out);
+                }
+            }
+            "message_stop" => {
+                self.finish_events(out);
+                return Step::End;
+            }
+            "error" => {
+                let detail =
+                    ErrorDetail::from_value(&serde_json::from_str(data).unwrap_or_default());
+                let message = detail
+                    .message
+                    .as_deref()
+                    .map_or_else(|| excerpt(data), excerpt);
+                out.push_back(Err(self.error(classify(None, &detail), message)));
+                return Step::End;
+            }
+            // `ping` and event types added to the API later are skipped, as the API asks.
+            _ => {}
+        }
+        Step::Continue
+    }
+
+    fn add_usage(&mut self, usage: Usage) {
+        self.usage.get_or_insert_with(Usage::default).merge(usage);
+    }
+
+    fn on_block_start(&mut self, data: &Data, out: &mut Out) {
+        self.release_held(out);
+        let Some(block) = &data.content_block else {
+            return;
+        };
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                if let Some(text) = block.get("text").and_then(Value::as_str) {
+                    if !text.is_empty() {
+                        out.push_back(Ok(ModelEvent::TextDelta(text.to_owned())));
+                    }
+                }
+            }
+            Some("tool_use") => {
+                let field = |key: &str| {
+                    block
+                        .get(key)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                let call = PendingCall {
+                    index: data.index,
+                    id: field("id"),
+                    name: field("name"),
+                    initial: block.get("input").cloned().unwrap_or_else(|| json!({})),
+                    arguments: String::new(),
+                };
+                out.push_back(Ok(ModelEvent::ToolCallStarted {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                }));
+                self.calls.push(call);
+            }
+            // thinking, redacted_thinking, server tools: not surfaced.
+            _ => {}
+        }
+    }
+
+    fn on_block_delta(&mut self, data: &Data, out: &mut Out) {
+        let Some(delta) = &data.delta else {
+            return;
+        };
+        let piece = |key: &str| delta.get(key).and_then(Value::as_str).unwrap_or_default();
+        match delta.get("type").and_then(Value::as_str) {
+            Some("text_delta") => {
+                let text = piece("text");
+                if !text.is_empty() {
+                    out.push_back(Ok(ModelEvent::TextDelta(text.to_owned())));
+                }
+            }
+            Some("input_json_delta") => {
+                let json = piece("partial_json");
+                let call = match data.index {
+                    Some(index) => self.calls.iter_mut().find(|c| c.index == Some(index)),
+                    None => self.calls.last_mut(),
+                };
+                if let (Some(call), false) = (call, json.is_empty()) {
+                    call.arguments.push_str(json);
+                    out.push_back(Ok(ModelEvent::ToolCallDelta {
+                        call_id: call.id.clone(),
+                        delta: json.to_owned(),
+                    }));
+                }
+            }
+            // thinking_delta, signature_delta, citations_delta: not surfaced.
+            _ => {}
+        }
+    }
+
+    /// A tool_use block ended: its call is parsed and held back (see [`Parser::held`]);
+    /// one whose arguments do not parse is dropped.
+    fn on_block_stop(&mut self, index: Option<u64>) {
+        let position = match index {
+            Some(index) => self.calls.iter().position(|c| c.index == Some(index)),
+            None => self.calls.len().checked_sub(1),
+        };
+        let Some(call) = position.map(|p| self.calls.remove(p)) else {
+            return;
+        };
+        if let Some(call) = self.parsed(call) {
+            self.held = Some(call);
+        }
+    }
+
+    fn parsed(&self, call: PendingCall) -> Option<ToolCall> {
+        let arguments = if call.arguments.trim().is_empty() {
+            Ok(call.initial)
+        } else {
+            serde_json::from_str::<Value>(&call.arguments)
+        };
+        match arguments {
+            Ok(arguments) if !call.id.is_empty() && !call.name.is_empty() => Some(ToolCall {
+                id: call.id,
+                name: call.name,
+                arguments,
+            }),
+            result => {
+                tracing::warn!(
+                    provider = %self.provider,
+                    call_id = %call.id,
+                    tool = %call.name,
+                    argument_bytes = call.arguments.len(),
+                    valid_json = result.is_ok(),
+                    "incomplete tool call dropped"
+                );
+                None
+            }
+        }
+    }
+
+    fn release_held(&mut self, out: &mut Out) {
+        if let Some(call) = self.held.take() {
+            self.completed += 1;
+            out.push_back(Ok(ModelEvent::ToolCallCompleted(call)));
+        }
+    }
+
+    /// The stop reason is known: blocks never stopped are dropped, and the held call is
+    /// completed unless the output was cut by `max_tokens` (then it is the cut one).
+    fn close_calls(&mut self, out: &mut Out) {
+        for call in std::mem::take(&mut self.calls) {
+            tracing::warn!(
+                provider = %self.provider,
+                call_id = %call.id,
+                tool = %call.name,
+                argument_bytes = call.arguments.len(),
+                "tool call without content_block_stop dropped"
+            );
+        }
+        if self.stop_reason.as_deref() == Some("max_tokens") {
+            if let Some(call) = self.held.take() {
+                tracing::warn!(
+                    provider = %self.provider,
+                    call_id = %call.id,
+                    tool = %call.name,
+                    "tool call cut off by max_tokens dropped"
+                );
+            }
+        }
+        self.release_held(out);
+    }
+
+    /// Open calls closed, then `Usage` when reported, then `Finished`.
+    fn finish_events(&mut self, out: &mut Out) {
+        self.close_calls(out);
+        if let Some(usage) = self.usage.take() {
+            out.push_back(Ok(usage.event()));
+        }
+        let reason = match self.stop_reason.as_deref().map(stop_reason) {
+            Some(FinishReason::Stop) | None if self.completed > 0 => FinishReason::ToolCalls,
+            Some(reason) => reason,
+            None => FinishReason::Stop,
+        };
+        out.push_back(Ok(ModelEvent::Finished(reason)));
+    }
+
+    /// The body ended without `message_stop`: fine after a stop reason, else the connection
+    /// was cut.
+    fn on_end(&mut self, out: &mut Out) {
+        if self.stop_reason.is_some() {
+            self.finish_events(out);
+        } else {
+            out.push_back(Err(self.error(
+                ErrorClass::Transport,
+                "connection closed before the end of the stream",
+            )));
+        }
+    }
+}
+
+/// Maps Anthropic's `stop_reason` (see the module documentation for the choices).
+fn stop_reason(reason: &str) -> FinishReason {
+    match reason {
+        "end_turn" | "stop_sequence" => FinishReason::Stop,
+        "tool_use" => FinishReason::ToolCalls,
+        "max_tokens" | "model_context_window_exceeded" => FinishReason::Length,
+        "refusal" => FinishReason::ContentFilter,
+        _ => FinishReason::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests;

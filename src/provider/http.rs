@@ -1,0 +1,293 @@
+//! HTTP plumbing shared by the provider adapters: the client, deadlines of one call
+//! (first byte, idle between chunks, total), bounded error bodies, `retry-after` and error
+//! messages without secrets.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use tokio::time::Instant;
+
+use super::{ErrorClass, ProviderError};
+use crate::config::{ProviderConfig, TimeoutConfig};
+
+/// Most bytes of an error response body read for its message (64 KiB).
+pub(super) const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// Most characters of a body or chunk quoted in an error message.
+pub(super) const EXCERPT_CHARS: usize = 200;
+
+/// The deadlines of one call, from the moment it starts.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadlines {
+    first_byte: Instant,
+    /// When the whole call must be over.
+    pub(super) total: Instant,
+    idle: Duration,
+    timeouts: TimeoutConfig,
+}
+
+impl Deadlines {
+    pub(super) fn start(timeouts: &TimeoutConfig) -> Self {
+        let now = Instant::now();
+        Self {
+            first_byte: now + Duration::from_millis(timeouts.first_byte_ms),
+            total: now + Duration::from_millis(timeouts.total_ms),
+            idle: Duration::from_millis(timeouts.idle_ms),
+            timeouts: *timeouts,
+        }
+    }
+
+    /// The deadline for the response head and first chunk, and the message when it fires.
+    pub(super) fn first_byte(&self) -> (Instant, String) {
+        self.earlier(
+            self.first_byte,
+            format!("first-byte timeout ({} ms)", self.timeouts.first_byte_ms),
+        )
+    }
+
+    /// The deadline for the next chunk, and the message when it fires.
+    pub(super) fn next_chunk(&self) -> (Instant, String) {
+        self.earlier(
+            Instant::now() + self.idle,
+            format!("idle timeout ({} ms between chunks)", self.timeouts.idle_ms),
+        )
+    }
+
+    fn earlier(&self, deadline: Instant, name: String) -> (Instant, String) {
+        if self.total <= deadline {
+            (
+                self.total,
+                format!("total timeout ({} ms)", self.timeouts.total_ms),
+            )
+        } else {
+            (deadline, name)
+        }
+    }
+}
+
+/// Applies the first-byte, idle and total deadlines to a response body; after a timeout the
+/// stream ends.
+pub(super) fn with_timeouts<S, B, E>(
+    bytes: S,
+    deadlines: Deadlines,
+) -> impl Stream<Item = Result<B, ReadError>> + Send + 'static
+where
+    S: Stream<Item = Result<B, E>> + Send + 'static,
+    B: Send + 'static,
+    E: Into<ReadError> + Send + 'static,
+{
+    futures::stream::unfold(
+        (Box::pin(bytes), true, false),
+        move |(mut bytes, first, done)| async move {
+            if done {
+                return None;
+            }
+            let (deadline, which) = if first {
+                deadlines.first_byte()
+            } else {
+                deadlines.next_chunk()
+            };
+            match tokio::time::timeout_at(deadline, bytes.next()).await {
+                Err(_) => Some((
+                    Err(ReadError {
+                        class: ErrorClass::Timeout,
+                        message: which,
+                    }),
+                    (bytes, first, true),
+                )),
+                Ok(None) => None,
+                Ok(Some(Ok(chunk))) => Some((Ok(chunk), (bytes, false, false))),
+                Ok(Some(Err(e))) => Some((Err(e.into()), (bytes, first, true))),
+            }
+        },
+    )
+}
+
+/// Reads at most [`MAX_ERROR_BODY_BYTES`] of an error response, until `deadline`; what could
+/// not be read is left out.
+pub(super) async fn read_bounded(mut response: reqwest::Response, deadline: Instant) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY_BYTES {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(MAX_ERROR_BODY_BYTES);
+    body
+}
+
+/// `retry-after-ms` (OpenAI, ms) or `retry-after` (RFC 9110, delay in seconds; HTTP dates are
+/// ignored).
+pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
+        if ms.is_finite() && ms >= 0.0 {
+            return Some(Duration::from_secs_f64(ms / 1000.0));
+        }
+    }
+    header("retry-after")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+/// An error's message with its sources, e.g. `error sending request: tcp connect error: …`.
+/// The URL is left out (it may carry credentials of some deployments).
+pub(super) fn error_chain(error: &reqwest::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// The first [`EXCERPT_CHARS`] characters of `text`, on one line.
+pub(super) fn excerpt(text: &str) -> String {
+    let mut out: String = text
+        .trim()
+        .chars()
+        .take(EXCERPT_CHARS)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.trim().chars().count() > EXCERPT_CHARS {
+        out.push('…');
+    }
+    out
+}
+
+/// A failure reading the response body: its class (`transport` or `timeout`) and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadError {
+    /// The class the call fails with.
+    pub class: ErrorClass,
+    /// What happened.
+    pub message: String,
+}
+
+impl From<reqwest::Error> for ReadError {
+    fn from(error: reqwest::Error) -> Self {
+        Self {
+            class: if error.is_timeout() {
+                ErrorClass::Timeout
+            } else {
+                ErrorClass::Transport
+            },
+            message: error_chain(&error),
+        }
+    }
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(error: std::io::Error) -> Self {
+        Self {
+            class: ErrorClass::Transport,
+            message: error.to_string(),
+        }
+    }
+}
+
+impl From<Infallible> for ReadError {
+    fn from(error: Infallible) -> Self {
+        match error {}
+    }
+}
+
+/// An HTTP client with the provider's connect timeout (ms) and behest's user agent.
+///
+/// # Errors
+/// A [`ProviderError`] of class `invalid_request` when the client cannot be built.
+pub(super) fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Client, ProviderError> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(config.timeouts.connect_ms))
+        .user_agent(concat!("behest/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| {
+            ProviderError::new(
+                id,
+                ErrorClass::InvalidRequest,
+                format!("cannot build the HTTP client: {}", error_chain(&e)),
+            )
+        })
+}
+
+/// What a sent request came back with.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// A 2xx answer whose body is not `application/json`: the event stream.
+    Stream(reqwest::Response),
+    /// A non-2xx answer, for the adapter to classify by its wire format's error body.
+    Error {
+        /// The HTTP status.
+        status: u16,
+        /// `retry-after-ms` / `retry-after`, when given.
+        retry_after: Option<Duration>,
+        /// At most [`MAX_ERROR_BODY_BYTES`] of the body.
+        body: Vec<u8>,
+    },
+}
+
+/// Sends a request and waits for its answer until the first-byte (or total) deadline.
+///
+/// # Errors
+/// `timeout` when a deadline fires, `transport` when the connection fails, `server` for a
+/// 2xx `application/json` answer where an event stream was asked for.
+pub(super) async fn send(
+    id: &str,
+    builder: reqwest::RequestBuilder,
+    deadlines: &Deadlines,
+) -> Result<Answer, ProviderError> {
+    let (deadline, which) = deadlines.first_byte();
+    let response = match tokio::time::timeout_at(deadline, builder.send()).await {
+        Err(_) => return Err(ProviderError::new(id, ErrorClass::Timeout, which)),
+        Ok(Err(e)) => return Err(request_error(id, &e, deadlines)),
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status();
+    if status.is_success() {
+        let json_body = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        if json_body {
+            return Err(ProviderError {
+                status: Some(status.as_u16()),
+                ..ProviderError::new(
+                    id,
+                    ErrorClass::Server,
+                    "expected an event stream, got application/json",
+                )
+            });
+        }
+        return Ok(Answer::Stream(response));
+    }
+    let retry_after = retry_after(response.headers());
+    let body = read_bounded(response, deadlines.total).await;
+    Ok(Answer::Error {
+        status: status.as_u16(),
+        retry_after,
+        body,
+    })
+}
+
+fn request_error(id: &str, error: &reqwest::Error, deadlines: &Deadlines) -> ProviderError {
+    let class = if error.is_timeout() {
+        ErrorClass::Timeout
+    } else {
+        ErrorClass::Transport
+    };
+    let mut message = error_chain(error);
+    if error.is_connect() && error.is_timeout() {
+        message = format!(
+            "connect timeout ({} ms): {message}",
+            deadlines.timeouts.connect_ms
+        );
+    }
+    ProviderError::new(id, class, message)
+}
