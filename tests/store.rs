@@ -16,7 +16,7 @@ use behest::domain::{
     ToolCall, ToolChoice,
 };
 use behest::events::LoggedEvent;
-use behest::store::{EventWrite, NewRun, RunFilter, RunOutcome, Store, StoreError};
+use behest::store::{EventWrite, NewRun, RunChange, RunFilter, RunOutcome, Store, StoreError};
 use chrono::Utc;
 use serde_json::json;
 use support::db::{Backend, TestDb};
@@ -101,6 +101,24 @@ async fn run_in_missing_session_writes_nothing(backend: Backend) {
     db.cleanup().await;
 }
 
+fn status(status: RunStatus) -> RunChange {
+    RunChange {
+        status: Some(status),
+        ..RunChange::default()
+    }
+}
+
+/// Appends one event at `sequence` carrying `change`.
+async fn apply(store: &dyn Store, run_id: RunId, sequence: u64, change: RunChange) {
+    let write = EventWrite {
+        run_id,
+        event: event(sequence, "text_delta", false),
+        outcome: None,
+        change,
+    };
+    store.append_events(&[write]).await.unwrap();
+}
+
 async fn complete(store: &dyn Store, run_id: RunId) {
     let write = EventWrite {
         run_id,
@@ -110,6 +128,7 @@ async fn complete(store: &dyn Store, run_id: RunId) {
             finish_reason: Some(FinishReason::Stop),
             error: None,
         }),
+        change: RunChange::default(),
     };
     store.append_events(&[write]).await.unwrap();
 }
@@ -129,10 +148,7 @@ async fn list_runs_filters_and_pages_newest_first(backend: Backend) {
     }
     let other = new_run(SessionId::new(), true);
     store.create_run(&other).await.unwrap();
-    store
-        .set_run_status(ids[4], RunStatus::CallingModel)
-        .await
-        .unwrap();
+    apply(store.as_ref(), ids[4], 1, status(RunStatus::CallingModel)).await;
 
     let page = store
         .list_runs(&RunFilter {
@@ -181,6 +197,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
             run_id: run.id,
             event: event(n, "text_delta", false),
             outcome: None,
+            change: RunChange::default(),
         })
         .collect();
     store.append_events(&writes).await.unwrap();
@@ -192,6 +209,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
             run_id: run.id,
             event: event(6, "usage_recorded", false),
             outcome: None,
+            change: RunChange::default(),
         },
         EventWrite {
             run_id: run.id,
@@ -201,6 +219,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
                 finish_reason: Some(FinishReason::Stop),
                 error: None,
             }),
+            change: RunChange::default(),
         },
     ];
     assert!(store.append_events(&bad).await.is_err());
@@ -218,6 +237,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
             finish_reason: Some(FinishReason::Stop),
             error: None,
         }),
+        change: RunChange::default(),
     }];
     store.append_events(&terminal).await.unwrap();
     let record = store.get_run(run.id).await.unwrap().unwrap();
@@ -242,10 +262,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
     );
 
     // Terminal runs keep their status.
-    store
-        .set_run_status(run.id, RunStatus::CallingModel)
-        .await
-        .unwrap();
+    apply(store.as_ref(), run.id, 7, status(RunStatus::CallingModel)).await;
     assert_eq!(
         store.get_run(run.id).await.unwrap().unwrap().status,
         RunStatus::Completed
@@ -289,8 +306,23 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
         tool_name: Some(call.name.clone()),
         ..assistant.clone()
     };
-    store.add_message(&assistant).await.unwrap();
-    store.add_message(&tool).await.unwrap();
+    let with_message = |message: &Message| RunChange {
+        message: Some(message.clone()),
+        ..RunChange::default()
+    };
+    apply(store.as_ref(), run.id, 1, with_message(&assistant)).await;
+    apply(store.as_ref(), run.id, 2, with_message(&tool)).await;
+    // A batch that fails writes none of its messages.
+    let failing = EventWrite {
+        run_id: run.id,
+        event: event(2, "tool_message_committed", false),
+        outcome: None,
+        change: with_message(&Message {
+            id: MessageId::new(),
+            ..tool.clone()
+        }),
+    };
+    assert!(store.append_events(&[failing]).await.is_err());
     let messages = store.session_messages(run.session_id).await.unwrap();
     assert_eq!(messages.len(), 3);
     assert_eq!(
@@ -321,9 +353,17 @@ async fn progress_and_active_runs(backend: Backend) {
         output_tokens: 5,
         total_tokens: 15,
     };
-    store.record_progress(run.id, 2, usage).await.unwrap();
+    let progress = RunChange {
+        status: Some(RunStatus::WaitingForTools),
+        progress: Some((2, usage)),
+        ..RunChange::default()
+    };
+    apply(store.as_ref(), run.id, 1, progress).await;
     let record = store.get_run(run.id).await.unwrap().unwrap();
-    assert_eq!((record.iterations, record.total_usage), (2, usage));
+    assert_eq!(
+        (record.iterations, record.total_usage, record.status),
+        (2, usage, RunStatus::WaitingForTools)
+    );
     assert_eq!(
         store
             .active_runs()

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::domain::RunId;
 use crate::events::{AgentEvent, EventFeed, EventPayload, LoggedEvent};
-use crate::store::{EventWrite, RunOutcome, Store, StoreError};
+use crate::store::{EventWrite, RunChange, RunOutcome, Store, StoreError};
 
 /// Why an event could not be logged.
 #[derive(Debug, thiserror::Error)]
@@ -87,18 +87,19 @@ async fn write_loop(
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     while receiver.recv_many(&mut batch, max_batch).await > 0 {
-        let writes: Vec<EventWrite> = batch.iter().map(|p| p.write.clone()).collect();
+        let (writes, acks): (Vec<EventWrite>, Vec<_>) =
+            batch.drain(..).map(|p| (p.write, p.done)).unzip();
         let result = append_with_retry(store.as_ref(), &writes).await;
-        for pending in batch.drain(..) {
+        for (write, done) in writes.into_iter().zip(acks) {
             let ack = match &result {
                 Ok(()) => {
-                    feed.publish(pending.write.run_id, pending.write.event.clone());
+                    feed.publish(write.run_id, write.event);
                     Ok(())
                 }
                 Err(error) => Err(LogError::Store(error.to_string())),
             };
             // An emitter that stopped waiting (cancelled run) does not need the ack.
-            let _ = pending.done.send(ack);
+            let _ = done.send(ack);
         }
     }
 }
@@ -161,7 +162,20 @@ impl RunEmitter {
     /// # Errors
     /// [`LogError`] when the log is closed or the write failed.
     pub async fn emit(&self, payload: EventPayload) -> Result<u64, LogError> {
-        let (sequence, ack) = self.enqueue(payload, None)?;
+        self.emit_with(payload, RunChange::default()).await
+    }
+
+    /// Logs an event together with the writes it announces (status, progress, a message), all
+    /// in one transaction, and waits until they are durable. Returns its sequence.
+    ///
+    /// # Errors
+    /// [`LogError`] when the log is closed or the write failed (then nothing was written).
+    pub async fn emit_with(
+        &self,
+        payload: EventPayload,
+        change: RunChange,
+    ) -> Result<u64, LogError> {
+        let (sequence, ack) = self.enqueue(payload, None, change)?;
         self.settle(sequence, ack).await
     }
 
@@ -175,7 +189,7 @@ impl RunEmitter {
         payload: EventPayload,
         outcome: RunOutcome,
     ) -> Result<u64, LogError> {
-        let (sequence, ack) = self.enqueue(payload, Some(outcome))?;
+        let (sequence, ack) = self.enqueue(payload, Some(outcome), RunChange::default())?;
         let result = self.settle(sequence, ack).await;
         if result.is_ok() {
             self.log.feed.close(self.run_id);
@@ -207,6 +221,7 @@ impl RunEmitter {
         &self,
         payload: EventPayload,
         outcome: Option<RunOutcome>,
+        change: RunChange,
     ) -> Result<(u64, oneshot::Receiver<Result<(), LogError>>), LogError> {
         let terminal = payload.is_terminal();
         let (done, ack) = oneshot::channel();
@@ -236,6 +251,7 @@ impl RunEmitter {
                     terminal,
                 }),
                 outcome,
+                change,
             };
             // Sent under the lock: queue order is sequence order.
             self.log

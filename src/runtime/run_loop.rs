@@ -22,7 +22,7 @@ use crate::events::{
     ToolSuccess, UsageRecorded,
 };
 use crate::provider::{ModelEvent, ModelRequest, ProviderError};
-use crate::store::{RunOutcome, Store, StoreError};
+use crate::store::{RunChange, RunOutcome, Store, StoreError};
 
 /// Why the loop stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -185,24 +185,24 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
             ))
         })?;
 
-    emitter
-        .emit(EventPayload::RunStarted(RunStarted {
-            session_id: record.session_id,
-            provider: record.provider.clone(),
-            model: record.model.clone(),
-        }))
-        .await?;
     let mut history = store.session_messages(record.session_id).await?;
-    store
-        .set_run_status(record.id, RunStatus::SessionLoaded)
-        .await?;
-    store
-        .set_run_status(record.id, RunStatus::BuildingContext)
+    emitter
+        .emit_with(
+            EventPayload::RunStarted(RunStarted {
+                session_id: record.session_id,
+                provider: record.provider.clone(),
+                model: record.model.clone(),
+            }),
+            status(RunStatus::SessionLoaded),
+        )
         .await?;
     emitter
-        .emit(EventPayload::ContextBuilt(ContextBuilt {
-            message_count: u32::try_from(history.len()).unwrap_or(u32::MAX),
-        }))
+        .emit_with(
+            EventPayload::ContextBuilt(ContextBuilt {
+                message_count: u32::try_from(history.len()).unwrap_or(u32::MAX),
+            }),
+            status(RunStatus::BuildingContext),
+        )
         .await?;
 
     let mut total_usage = TokenUsage::default();
@@ -218,15 +218,15 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         if cancel.is_cancelled() {
             return Err(RunFailure::Cancelled);
         }
-        store
-            .set_run_status(record.id, RunStatus::CallingModel)
-            .await?;
         emitter
-            .emit(EventPayload::ModelStarted(ModelStarted {
-                provider: record.provider.clone(),
-                model: record.model.clone(),
-                iteration,
-            }))
+            .emit_with(
+                EventPayload::ModelStarted(ModelStarted {
+                    provider: record.provider.clone(),
+                    model: record.model.clone(),
+                    iteration,
+                }),
+                status(RunStatus::CallingModel),
+            )
             .await?;
         let request = ModelRequest {
             model: record.model.clone(),
@@ -238,32 +238,38 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         let turn = call_model(&emitter, entry.provider.as_ref(), request).await?;
 
         total_usage += turn.usage;
-        store
-            .record_progress(record.id, iteration, total_usage)
-            .await?;
+        let progress = RunChange {
+            progress: Some((iteration, total_usage)),
+            ..RunChange::default()
+        };
         emitter
-            .emit(EventPayload::UsageRecorded(UsageRecorded {
-                usage: turn.usage,
-            }))
+            .emit_with(
+                EventPayload::UsageRecorded(UsageRecorded { usage: turn.usage }),
+                progress,
+            )
             .await?;
         if let Some(cache) = turn.cache {
             emitter.emit(EventPayload::CacheMetrics(cache)).await?;
         }
 
-        store
-            .set_run_status(record.id, RunStatus::Persisting)
-            .await?;
         let content = if turn.text.is_empty() {
             Vec::new()
         } else {
             vec![ContentPart::Text { text: turn.text }]
         };
         let assistant = new_message(&record, Role::Assistant, content, turn.tool_calls.clone());
-        store.add_message(&assistant).await?;
+        let committed = RunChange {
+            status: Some(RunStatus::Persisting),
+            message: Some(assistant.clone()),
+            ..RunChange::default()
+        };
         emitter
-            .emit(EventPayload::AssistantMessageCommitted(MessageCommitted {
-                message_id: assistant.id,
-            }))
+            .emit_with(
+                EventPayload::AssistantMessageCommitted(MessageCommitted {
+                    message_id: assistant.id,
+                }),
+                committed,
+            )
             .await?;
         history.push(assistant);
 
@@ -273,9 +279,6 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 iterations: iteration,
             });
         }
-        store
-            .set_run_status(record.id, RunStatus::WaitingForTools)
-            .await?;
         let calls = turn.tool_calls;
         if let Some(description) = doom_loop.as_mut().and_then(|d| d.observe(&calls)) {
             emitter
@@ -284,7 +287,6 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 }))
                 .await?;
             skip_calls(
-                &store,
                 &emitter,
                 &record,
                 &calls,
@@ -300,7 +302,6 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         if tool_calls_made > config.max_tool_calls {
             let reason = format!("the run reached max_tool_calls ({})", config.max_tool_calls);
             skip_calls(
-                &store,
                 &emitter,
                 &record,
                 &calls,
@@ -316,8 +317,7 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         // Results are committed in the model's call order, whatever order the tools end in.
         while let Some(execution) = executions.next().await {
             let (call, content) = execution?;
-            let message =
-                commit_tool_message(store.as_ref(), &emitter, &record, &call, content).await?;
+            let message = commit_tool_message(&emitter, &record, &call, content).await?;
             history.push(message);
         }
     }
@@ -407,10 +407,13 @@ async fn execute_tool(
     config: &RuntimeConfig,
 ) -> Result<(ToolCall, Vec<ContentPart>), RunFailure> {
     emitter
-        .emit(EventPayload::ToolExecutionStarted(ToolExecutionStarted {
-            call_id: call.id.clone(),
-            tool_name: call.name.clone(),
-        }))
+        .emit_with(
+            EventPayload::ToolExecutionStarted(ToolExecutionStarted {
+                call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+            }),
+            status(RunStatus::WaitingForTools),
+        )
         .await?;
     let started = Instant::now();
     let allowed = record
@@ -492,7 +495,6 @@ fn truncate_output(output: serde_json::Value, budget: usize) -> serde_json::Valu
 
 /// Stores one tool message answering `call` and emits `tool_message_committed`.
 async fn commit_tool_message(
-    store: &dyn Store,
     emitter: &RunEmitter,
     record: &RunRecord,
     call: &ToolCall,
@@ -501,18 +503,23 @@ async fn commit_tool_message(
     let mut message = new_message(record, Role::Tool, content, Vec::new());
     message.tool_call_id = Some(call.id.clone());
     message.tool_name = Some(call.name.clone());
-    store.add_message(&message).await?;
+    let committed = RunChange {
+        message: Some(message.clone()),
+        ..RunChange::default()
+    };
     emitter
-        .emit(EventPayload::ToolMessageCommitted(MessageCommitted {
-            message_id: message.id,
-        }))
+        .emit_with(
+            EventPayload::ToolMessageCommitted(MessageCommitted {
+                message_id: message.id,
+            }),
+            committed,
+        )
         .await?;
     Ok(message)
 }
 
 /// Answers calls that will not run, so the session's history stays valid.
 async fn skip_calls(
-    store: &Arc<dyn Store>,
     emitter: &RunEmitter,
     record: &RunRecord,
     calls: &[ToolCall],
@@ -522,7 +529,7 @@ async fn skip_calls(
         let content = vec![ContentPart::Text {
             text: format!("error: {reason}"),
         }];
-        commit_tool_message(store.as_ref(), emitter, record, call, content).await?;
+        commit_tool_message(emitter, record, call, content).await?;
     }
     Ok(())
 }
@@ -548,10 +555,18 @@ async fn answer_open_calls(
             .filter(|call| !answered.contains(call.id.as_str()))
             .cloned()
             .collect();
-        skip_calls(store, emitter, record, &open, reason).await
+        skip_calls(emitter, record, &open, reason).await
     };
     if let Err(error) = answered.await {
         tracing::error!(run_id = %record.id, %error, "could not answer open tool calls");
+    }
+}
+
+/// A change that only moves the run to `status`.
+fn status(status: RunStatus) -> RunChange {
+    RunChange {
+        status: Some(status),
+        ..RunChange::default()
     }
 }
 

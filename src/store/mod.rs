@@ -114,6 +114,20 @@ pub struct EventWrite {
     pub event: Arc<LoggedEvent>,
     /// For the terminal event: the run's final state, written in the same transaction.
     pub outcome: Option<RunOutcome>,
+    /// What else the event's transaction writes (status, progress, a message).
+    pub change: RunChange,
+}
+
+/// Writes that belong with an event, committed in its transaction: the event is the proof
+/// that they happened, so neither can exist without the other.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunChange {
+    /// A new non-terminal status (ignored once the run is terminal).
+    pub status: Option<RunStatus>,
+    /// Iterations so far and total usage, after a model call.
+    pub progress: Option<(u32, TokenUsage)>,
+    /// A message the event announces (`assistant_message_committed`, `tool_message_committed`).
+    pub message: Option<Message>,
 }
 
 /// The final state of a run, written with its terminal event.
@@ -145,19 +159,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// A page of runs, newest first.
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<Vec<RunRecord>>;
 
-    /// Moves a non-terminal run to another non-terminal status; terminal runs are left alone.
-    async fn set_run_status(&self, id: RunId, status: RunStatus) -> StoreResult<()>;
-
-    /// Records progress after a model call: iterations so far and total usage.
-    async fn record_progress(
-        &self,
-        id: RunId,
-        iterations: u32,
-        usage: TokenUsage,
-    ) -> StoreResult<()>;
-
-    /// Appends events (any runs, each run's in sequence order) in one transaction, applying
-    /// terminal outcomes to their runs in the same transaction.
+    /// Appends events (any runs, each run's in sequence order) in one transaction, with their
+    /// [`RunChange`]s and terminal outcomes.
     async fn append_events(&self, events: &[EventWrite]) -> StoreResult<()>;
 
     /// Up to `limit` events of the run with `sequence > after`, in order.
@@ -170,9 +173,6 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// The highest sequence stored for the run (0 when none).
     async fn last_sequence(&self, run_id: RunId) -> StoreResult<u64>;
-
-    /// Stores a message.
-    async fn add_message(&self, message: &Message) -> StoreResult<()>;
 
     /// The session's messages, oldest first.
     async fn session_messages(&self, session_id: SessionId) -> StoreResult<Vec<Message>>;

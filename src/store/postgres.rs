@@ -34,5 +34,5 @@ impl PostgresStore {
     }
 }
 
-impl_explain_conflict!(PostgresStore);
+impl_explain_conflict!(PostgresStore, Postgres);
 impl_store!(PostgresStore, Postgres);

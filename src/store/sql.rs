@@ -292,44 +292,7 @@ macro_rules! impl_store {
                 $crate::store::sql::runs(rows)
             }
 
-            async fn set_run_status(
-                &self,
-                id: $crate::domain::RunId,
-                status: $crate::domain::RunStatus,
-            ) -> $crate::store::StoreResult<()> {
-                sqlx::query(
-                    "UPDATE runs SET status = $2, updated_at = $3 \
-                     WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')",
-                )
-                .bind(id.0)
-                .bind(status.as_str())
-                .bind(chrono::Utc::now())
-                .execute(&self.pool)
-                .await?;
-                Ok(())
-            }
 
-            async fn record_progress(
-                &self,
-                id: $crate::domain::RunId,
-                iterations: u32,
-                usage: $crate::domain::TokenUsage,
-            ) -> $crate::store::StoreResult<()> {
-                use $crate::store::sql::to_i64;
-                sqlx::query(
-                    "UPDATE runs SET iterations = $2, input_tokens = $3, output_tokens = $4, \
-                     total_tokens = $5, updated_at = $6 WHERE id = $1",
-                )
-                .bind(id.0)
-                .bind(i64::from(iterations))
-                .bind(to_i64(usage.input_tokens))
-                .bind(to_i64(usage.output_tokens))
-                .bind(to_i64(usage.total_tokens))
-                .bind(chrono::Utc::now())
-                .execute(&self.pool)
-                .await?;
-                Ok(())
-            }
 
             async fn append_events(
                 &self,
@@ -355,6 +318,30 @@ macro_rules! impl_store {
                     insert.build().execute(&mut *tx).await?;
                 }
                 for write in events {
+                    let change = &write.change;
+                    if let Some(message) = &change.message {
+                        Self::insert_message(&mut tx, message).await?;
+                    }
+                    if change.status.is_some() || change.progress.is_some() {
+                        let (iterations, usage) = change.progress.unzip();
+                        sqlx::query(
+                            "UPDATE runs SET status = COALESCE($2, status), \
+                             iterations = COALESCE($3, iterations), \
+                             input_tokens = COALESCE($4, input_tokens), \
+                             output_tokens = COALESCE($5, output_tokens), \
+                             total_tokens = COALESCE($6, total_tokens), updated_at = $7 \
+                             WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')",
+                        )
+                        .bind(write.run_id.0)
+                        .bind(change.status.map(|s| s.as_str()))
+                        .bind(iterations.map(i64::from))
+                        .bind(usage.map(|u| to_i64(u.input_tokens)))
+                        .bind(usage.map(|u| to_i64(u.output_tokens)))
+                        .bind(usage.map(|u| to_i64(u.total_tokens)))
+                        .bind(chrono::Utc::now())
+                        .execute(&mut *tx)
+                        .await?;
+                    }
                     let Some(outcome) = &write.outcome else { continue };
                     sqlx::query(
                         "UPDATE runs SET status = $2, finish_reason = $3, error = $4, updated_at = $5 \
@@ -403,27 +390,6 @@ macro_rules! impl_store {
                 Ok(last.and_then(|s| u64::try_from(s).ok()).unwrap_or(0))
             }
 
-            async fn add_message(
-                &self,
-                message: &$crate::domain::Message,
-            ) -> $crate::store::StoreResult<()> {
-                use $crate::store::sql::{MESSAGE_COLUMNS, to_json};
-                sqlx::query(&format!(
-                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-                ))
-                .bind(message.id.0)
-                .bind(message.session_id.0)
-                .bind(message.run_id.0)
-                .bind(message.role.as_str())
-                .bind(to_json(&message.content)?)
-                .bind(to_json(&message.tool_calls)?)
-                .bind(message.tool_call_id.as_deref())
-                .bind(message.tool_name.as_deref())
-                .bind(message.created_at)
-                .execute(&self.pool)
-                .await?;
-                Ok(())
-            }
 
             async fn session_messages(
                 &self,
@@ -526,11 +492,34 @@ macro_rules! impl_store {
     };
 }
 
-/// Explains a unique violation on insert: a reused client request id first (a retry of the
+/// Backend helpers: message inserts, and explaining a unique violation on insert: a reused client request id first (a retry of the
 /// same request is not "busy"), then an active run in the session.
 macro_rules! impl_explain_conflict {
-    ($store:ty) => {
+    ($store:ty, $db:ty) => {
         impl $store {
+            /// Inserts one message on a connection or in a transaction.
+            async fn insert_message(
+                connection: &mut <$db as sqlx::Database>::Connection,
+                message: &$crate::domain::Message,
+            ) -> $crate::store::StoreResult<()> {
+                use $crate::store::sql::{MESSAGE_COLUMNS, to_json};
+                sqlx::query(&format!(
+                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                ))
+                .bind(message.id.0)
+                .bind(message.session_id.0)
+                .bind(message.run_id.0)
+                .bind(message.role.as_str())
+                .bind(to_json(&message.content)?)
+                .bind(to_json(&message.tool_calls)?)
+                .bind(message.tool_call_id.as_deref())
+                .bind(message.tool_name.as_deref())
+                .bind(message.created_at)
+                .execute(connection)
+                .await?;
+                Ok(())
+            }
+
             async fn explain_conflict(
                 &self,
                 run: &$crate::store::NewRun,

@@ -42,5 +42,5 @@ impl SqliteStore {
     }
 }
 
-impl_explain_conflict!(SqliteStore);
+impl_explain_conflict!(SqliteStore, Sqlite);
 impl_store!(SqliteStore, Sqlite);
