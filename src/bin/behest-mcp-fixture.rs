@@ -2,7 +2,8 @@
 //! `{"sum": a + b}`, `echo` {text} → the text, `fail` {} → an `isError` result, `sleep` {ms} →
 //! "slept" after `ms` milliseconds. `tools/list` answers in two pages (exercises pagination).
 //! When `BEHEST_MCP_FIXTURE_LOG` names a file, it appends `called <tool>` for every call and
-//! `cancelled <request id>` when a `sleep` is stopped by `notifications/cancelled`.
+//! `cancelled <request id>` when a `sleep` is stopped by `notifications/cancelled`; the binary
+//! also logs `started <pid>` so tests can check that the process is gone after shutdown.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -161,6 +162,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fixture = Fixture {
         log: std::env::var_os("BEHEST_MCP_FIXTURE_LOG").map(PathBuf::from),
     };
+    fixture.record(&format!("started {}", std::process::id()));
     let service = fixture.serve(rmcp::transport::stdio()).await?;
     service.waiting().await?;
     Ok(())
