@@ -1,7 +1,12 @@
 //! Tools runs may call: MCP servers (stdio and streamable HTTP) and HTTP tools, behind one
 //! registry that lists them, validates arguments against their JSON Schema, and calls them.
 
+mod http;
+mod mcp;
+
 use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -25,6 +30,16 @@ pub enum ToolSource {
         /// The URL its arguments are POSTed to.
         url: String,
     },
+}
+
+impl fmt::Display for ToolSource {
+    /// `MCP server `id` (stdio)` or `HTTP tool at <url>`, for error messages.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Mcp { server, transport } => write!(f, "MCP server `{server}` ({transport})"),
+            Self::Http { url } => write!(f, "HTTP tool at {url}"),
+        }
+    }
 }
 
 /// A tool as `GET /tools` lists it.
@@ -77,54 +92,240 @@ pub enum ToolSetupError {
 }
 
 /// Every configured tool. Cheap to share (`Arc`).
+///
+/// Built once at startup by [`ToolRegistry::connect`]: every tool's argument schema is compiled
+/// then, so [`ToolRegistry::call`] only validates. MCP sessions live as long as the registry (or
+/// until [`ToolRegistry::shutdown`]); dropping the registry ends them and kills stdio children.
 #[derive(Debug, Default)]
 pub struct ToolRegistry {
-    _private: (),
+    tools: BTreeMap<String, RegisteredTool>,
+    mcp_servers: Vec<Arc<mcp::McpServer>>,
+}
+
+/// A tool with its compiled schema and how to reach it.
+struct RegisteredTool {
+    info: ToolInfo,
+    validator: jsonschema::Validator,
+    backend: Backend,
+}
+
+impl fmt::Debug for RegisteredTool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegisteredTool")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+enum Backend {
+    Mcp(Arc<mcp::McpServer>),
+    Http(http::HttpTool),
 }
 
 impl ToolRegistry {
     /// Connects to every MCP server, lists its tools, and adds the HTTP tools.
     ///
+    /// MCP servers are started (stdio: `command args` with `env` added to ours) or reached
+    /// (streamable HTTP: `url` with `headers`) concurrently; each must initialize and list its
+    /// tools (every page) within 30 s. A tool without a description gets an empty one.
+    ///
     /// # Errors
-    /// [`ToolSetupError`] naming the server or tool at fault.
+    /// [`ToolSetupError`] naming the server or tool at fault: [`ToolSetupError::Mcp`] when a
+    /// server cannot be started, initialized or listed; [`ToolSetupError::Invalid`] when two
+    /// sources offer the same name (both named), a schema does not compile, or an HTTP tool's
+    /// URL or header is malformed. Servers already started are shut down again.
     pub async fn connect(
-        _mcp_servers: &BTreeMap<String, McpServerConfig>,
-        _http_tools: &BTreeMap<String, HttpToolConfig>,
+        mcp_servers: &BTreeMap<String, McpServerConfig>,
+        http_tools: &BTreeMap<String, HttpToolConfig>,
     ) -> Result<Self, ToolSetupError> {
-        Ok(Self::default())
+        let connected = futures::future::join_all(
+            mcp_servers
+                .iter()
+                .map(|(id, config)| async move { (id, config, mcp::connect(id, config).await) }),
+        )
+        .await;
+        let mut registry = Self::default();
+        let mut first_error = None;
+        let mut listed = Vec::new();
+        for (id, config, result) in connected {
+            match result {
+                Ok((server, tools)) => {
+                    let server = Arc::new(server);
+                    registry.mcp_servers.push(Arc::clone(&server));
+                    listed.push((id, config, server, tools));
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        let registered = match first_error {
+            Some(error) => Err(error),
+            None => registry.register_all(listed, http_tools),
+        };
+        match registered {
+            Ok(()) => Ok(registry),
+            Err(error) => {
+                registry.shutdown().await;
+                Err(error)
+            }
+        }
+    }
+
+    fn register_all(
+        &mut self,
+        listed: Vec<(
+            &String,
+            &McpServerConfig,
+            Arc<mcp::McpServer>,
+            Vec<rmcp::model::Tool>,
+        )>,
+        http_tools: &BTreeMap<String, HttpToolConfig>,
+    ) -> Result<(), ToolSetupError> {
+        for (id, config, server, tools) in listed {
+            let source = ToolSource::Mcp {
+                server: id.clone(),
+                transport: mcp::transport_name(config).to_owned(),
+            };
+            for tool in tools {
+                let info = ToolInfo {
+                    name: tool.name.to_string(),
+                    description: tool.description.as_deref().unwrap_or_default().to_owned(),
+                    parameters: serde_json::Value::Object((*tool.input_schema).clone()),
+                    source: source.clone(),
+                };
+                self.register(info, Backend::Mcp(Arc::clone(&server)))?;
+            }
+        }
+        let client = reqwest::Client::new();
+        for (name, config) in http_tools {
+            let tool = http::HttpTool::new(name, config, client.clone())?;
+            let info = ToolInfo {
+                name: name.clone(),
+                description: config.description.clone(),
+                parameters: config.parameters.clone(),
+                source: ToolSource::Http {
+                    url: config.url.clone(),
+                },
+            };
+            self.register(info, Backend::Http(tool))?;
+        }
+        Ok(())
+    }
+
+    fn register(&mut self, info: ToolInfo, backend: Backend) -> Result<(), ToolSetupError> {
+        if let Some(existing) = self.tools.get(&info.name) {
+            return Err(ToolSetupError::Invalid(format!(
+                "tool `{}` is offered by both {} and {}",
+                info.name, existing.info.source, info.source
+            )));
+        }
+        let validator = jsonschema::validator_for(&info.parameters).map_err(|e| {
+            ToolSetupError::Invalid(format!(
+                "tool `{}` ({}): its parameters are not a valid JSON Schema: {e}",
+                info.name, info.source
+            ))
+        })?;
+        self.tools.insert(
+            info.name.clone(),
+            RegisteredTool {
+                info,
+                validator,
+                backend,
+            },
+        );
+        Ok(())
     }
 
     /// Every tool, sorted by name.
     #[must_use]
     pub fn list(&self) -> Vec<ToolInfo> {
-        Vec::new()
+        self.tools.values().map(|tool| tool.info.clone()).collect()
     }
 
     /// Whether a tool of this name exists.
     #[must_use]
-    pub fn contains(&self, _name: &str) -> bool {
-        false
+    pub fn contains(&self, name: &str) -> bool {
+        self.tools.contains_key(name)
     }
 
-    /// The tools to offer the model: all of them, or those named in `allow` (in that order).
+    /// The tools to offer the model: all of them (sorted by name), or those named in `allow`
+    /// (in that order; names that are not tools are skipped).
     #[must_use]
-    pub fn specs(&self, _allow: Option<&[String]>) -> Vec<ToolSpec> {
-        Vec::new()
+    pub fn specs(&self, allow: Option<&[String]>) -> Vec<ToolSpec> {
+        let spec = |tool: &RegisteredTool| ToolSpec {
+            name: tool.info.name.clone(),
+            description: tool.info.description.clone(),
+            parameters: tool.info.parameters.clone(),
+        };
+        match allow {
+            None => self.tools.values().map(spec).collect(),
+            Some(names) => names
+                .iter()
+                .filter_map(|name| self.tools.get(name))
+                .map(spec)
+                .collect(),
+        }
     }
 
     /// Validates `arguments` against the tool's schema and calls it. Dropping the future stops
     /// the call (MCP: a cancellation notification; HTTP: the request is dropped).
     ///
+    /// The result: MCP `structuredContent` when present, else a single text block as a JSON
+    /// string, else the content blocks as a JSON array; HTTP: the JSON body, or the body text
+    /// as a JSON string. No timeout is applied here (the runtime applies one).
+    ///
     /// # Errors
-    /// [`ToolError`]; the caller turns it into a `Failure` result.
+    /// [`ToolError`]; the caller turns it into a `Failure` result. [`ToolError::UnknownTool`];
+    /// [`ToolError::InvalidArguments`] listing every schema violation (MCP arguments must also
+    /// be a JSON object); [`ToolError::Failed`] for MCP `isError` results (their text), MCP
+    /// protocol or transport errors, HTTP non-2xx statuses (status and a body excerpt) and
+    /// HTTP transport errors.
     pub async fn call(
         &self,
         name: &str,
-        _arguments: &serde_json::Value,
+        arguments: &serde_json::Value,
     ) -> Result<serde_json::Value, ToolError> {
-        Err(ToolError::UnknownTool(name.to_owned()))
+        let tool = self
+            .tools
+            .get(name)
+            .ok_or_else(|| ToolError::UnknownTool(name.to_owned()))?;
+        let violations: Vec<String> = tool
+            .validator
+            .iter_errors(arguments)
+            .map(|error| {
+                let path = error.instance_path.to_string();
+                if path.is_empty() {
+                    error.to_string()
+                } else {
+                    format!("{path}: {error}")
+                }
+            })
+            .collect();
+        if !violations.is_empty() {
+            return Err(ToolError::InvalidArguments {
+                tool: name.to_owned(),
+                reason: violations.join("; "),
+            });
+        }
+        match &tool.backend {
+            Backend::Mcp(server) => {
+                let serde_json::Value::Object(arguments) = arguments else {
+                    return Err(ToolError::InvalidArguments {
+                        tool: name.to_owned(),
+                        reason: "arguments must be a JSON object".to_owned(),
+                    });
+                };
+                server.call(name, arguments.clone()).await
+            }
+            Backend::Http(http) => http.call(arguments).await,
+        }
     }
 
-    /// Stops MCP child processes and closes sessions.
-    pub async fn shutdown(&self) {}
+    /// Stops MCP child processes and closes sessions (concurrently, each bounded to 10 s).
+    /// Calls made afterwards to MCP tools fail with [`ToolError::Failed`].
+    pub async fn shutdown(&self) {
+        futures::future::join_all(self.mcp_servers.iter().map(|server| server.close())).await;
+    }
 }

@@ -1,0 +1,198 @@
+//! MCP client side of the registry (rmcp): one session per configured server, over a child
+//! process's stdio or streamable HTTP; lists the server's tools and calls them.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::ServiceExt as _;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation, JsonObject, Tool,
+};
+use rmcp::service::{Peer, RoleClient, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use super::{ToolError, ToolSetupError};
+use crate::config::McpServerConfig;
+
+/// How long a server may take to start, initialize and list its tools.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long closing a session may take (stdio: close stdin, wait, SIGTERM, wait, kill).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A live session with one MCP server.
+pub(super) struct McpServer {
+    id: String,
+    peer: Peer<RoleClient>,
+    /// `None` once closed. Dropping it cancels the session, which kills a child process.
+    service: Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
+}
+
+impl std::fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServer").field("id", &self.id).finish()
+    }
+}
+
+/// The transport name shown in [`super::ToolSource::Mcp`].
+pub(super) fn transport_name(config: &McpServerConfig) -> &'static str {
+    match config {
+        McpServerConfig::Stdio { .. } => "stdio",
+        McpServerConfig::Http { .. } => "http",
+    }
+}
+
+fn client_info() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("behest", env!("CARGO_PKG_VERSION")),
+    )
+}
+
+/// Starts (stdio) or reaches (HTTP) server `id`, initializes the session and lists every page
+/// of its tools.
+///
+/// # Errors
+/// [`ToolSetupError::Mcp`] naming the server.
+pub(super) async fn connect(
+    id: &str,
+    config: &McpServerConfig,
+) -> Result<(McpServer, Vec<Tool>), ToolSetupError> {
+    let setup_error = |reason: String| ToolSetupError::Mcp {
+        server: id.to_owned(),
+        reason,
+    };
+    let started = async {
+        let service = match config {
+            McpServerConfig::Stdio { command, args, env } => {
+                let mut child = tokio::process::Command::new(command);
+                // Belt and braces: rmcp kills the child when the session ends; this also covers
+                // a runtime shut down before that cleanup task runs.
+                child.args(args).envs(env).kill_on_drop(true);
+                let transport = TokioChildProcess::new(child)
+                    .map_err(|e| setup_error(format!("cannot start `{command}`: {e}")))?;
+                client_info()
+                    .serve(transport)
+                    .await
+                    .map_err(|e| setup_error(format!("initialize failed: {e}")))?
+            }
+            McpServerConfig::Http { url, headers } => {
+                // rmcp's HTTP client needs a process-wide rustls provider; an error only means
+                // one is installed already.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let mut custom = HashMap::new();
+                for (key, value) in headers {
+                    let name = HeaderName::from_bytes(key.as_bytes())
+                        .map_err(|_| setup_error(format!("bad header name `{key}`")))?;
+                    let mut value = HeaderValue::from_str(value)
+                        .map_err(|_| setup_error(format!("bad value for header `{key}`")))?;
+                    value.set_sensitive(true);
+                    custom.insert(name, value);
+                }
+                let transport = StreamableHttpClientTransport::from_config(
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                        .custom_headers(custom),
+                );
+                client_info()
+                    .serve(transport)
+                    .await
+                    .map_err(|e| setup_error(format!("initialize failed at {url}: {e}")))?
+            }
+        };
+        let tools = service
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|e| setup_error(format!("tools/list failed: {e}")))?;
+        Ok((service, tools))
+    };
+    let (service, tools) = tokio::time::timeout(STARTUP_TIMEOUT, started)
+        .await
+        .map_err(|_| setup_error(format!("no answer within {} s", STARTUP_TIMEOUT.as_secs())))??;
+    let server = McpServer {
+        id: id.to_owned(),
+        peer: service.peer().clone(),
+        service: Mutex::new(Some(service)),
+    };
+    Ok((server, tools))
+}
+
+impl McpServer {
+    /// Sends `tools/call`. rmcp's `Peer::call_tool` holds a drop guard on the request: dropping
+    /// this future before the response sends `notifications/cancelled` with the request id.
+    pub(super) async fn call(&self, tool: &str, arguments: JsonObject) -> Result<Value, ToolError> {
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let result = self
+            .peer
+            .call_tool(params)
+            .await
+            .map_err(|e| ToolError::Failed(format!("MCP server `{}`: {e}", self.id)))?;
+        tool_result(result)
+    }
+
+    /// Closes the session; for stdio, the MCP shutdown sequence (close stdin, SIGTERM, kill).
+    pub(super) async fn close(&self) {
+        let service = self.service.lock().await.take();
+        if let Some(mut service) = service
+            && let Ok(None) = service.close_with_timeout(CLOSE_TIMEOUT).await
+        {
+            tracing::warn!(server = %self.id, "MCP session did not close in time");
+        }
+    }
+}
+
+/// `isError` → [`ToolError::Failed`] with the text; else `structuredContent`, else a single
+/// text block as a JSON string, else the content array.
+fn tool_result(result: CallToolResult) -> Result<Value, ToolError> {
+    if result.is_error == Some(true) {
+        return Err(ToolError::Failed(content_text(&result.content)));
+    }
+    if let Some(structured) = result.structured_content {
+        return Ok(structured);
+    }
+    if let [ContentBlock::Text(text)] = result.content.as_slice() {
+        return Ok(Value::String(text.text.clone()));
+    }
+    serde_json::to_value(&result.content)
+        .map_err(|e| ToolError::Failed(format!("unreadable tool result: {e}")))
+}
+
+/// The text blocks joined by newlines; the content as JSON when there is no text.
+fn content_text(content: &[ContentBlock]) -> String {
+    let texts: Vec<&str> = content
+        .iter()
+        .filter_map(|block| block.as_text().map(|t| t.text.as_str()))
+        .collect();
+    if texts.is_empty() {
+        serde_json::to_string(content).unwrap_or_default()
+    } else {
+        texts.join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn results_map_to_values() {
+        let text = CallToolResult::success(vec![ContentBlock::text("hi")]);
+        assert_eq!(tool_result(text), Ok(json!("hi")));
+        let structured = CallToolResult::structured(json!({"sum": 3}));
+        assert_eq!(tool_result(structured), Ok(json!({"sum": 3})));
+        let two = CallToolResult::success(vec![ContentBlock::text("a"), ContentBlock::text("b")]);
+        let value = tool_result(two).unwrap_or_default();
+        assert_eq!(value[1]["text"], json!("b"));
+        let error = CallToolResult::error(vec![ContentBlock::text("x"), ContentBlock::text("y")]);
+        assert_eq!(
+            tool_result(error),
+            Err(ToolError::Failed("x\ny".to_owned()))
+        );
+    }
+}
