@@ -343,17 +343,16 @@ fn content_blocks(parts: &[ContentPart]) -> Vec<Value> {
 
 /// An image block: `base64` source for a `data:` URL, else `url` source.
 fn image_block(url: &str, mime_type: &str) -> Value {
-    if let Some(rest) = url.strip_prefix("data:") {
-        if let Some((meta, data)) = rest.split_once(',') {
-            if let Some(media_type) = meta.strip_suffix(";base64") {
-                let media_type = if media_type.is_empty() {
-                    mime_type
-                } else {
-                    media_type
-                };
-                return json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}});
-            }
-        }
+    if let Some(rest) = url.strip_prefix("data:")
+        && let Some((meta, data)) = rest.split_once(',')
+        && let Some(media_type) = meta.strip_suffix(";base64")
+    {
+        let media_type = if media_type.is_empty() {
+            mime_type
+        } else {
+            media_type
+        };
+        return json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}});
     }
     json!({"type": "image", "source": {"type": "url", "url": url}})
 }
@@ -656,10 +655,10 @@ impl Parser {
         };
         match block.get("type").and_then(Value::as_str) {
             Some("text") => {
-                if let Some(text) = block.get("text").and_then(Value::as_str) {
-                    if !text.is_empty() {
-                        out.push_back(Ok(ModelEvent::TextDelta(text.to_owned())));
-                    }
+                if let Some(text) = block.get("text").and_then(Value::as_str)
+                    && !text.is_empty()
+                {
+                    out.push_back(Ok(ModelEvent::TextDelta(text.to_owned())));
                 }
             }
             Some("tool_use") => {
@@ -779,15 +778,15 @@ impl Parser {
                 "tool call without content_block_stop dropped"
             );
         }
-        if self.stop_reason.as_deref() == Some("max_tokens") {
-            if let Some(call) = self.held.take() {
-                tracing::warn!(
-                    provider = %self.provider,
-                    call_id = %call.id,
-                    tool = %call.name,
-                    "tool call cut off by max_tokens dropped"
-                );
-            }
+        if self.stop_reason.as_deref() == Some("max_tokens")
+            && let Some(call) = self.held.take()
+        {
+            tracing::warn!(
+                provider = %self.provider,
+                call_id = %call.id,
+                tool = %call.name,
+                "tool call cut off by max_tokens dropped"
+            );
         }
         self.release_held(out);
     }

@@ -641,16 +641,16 @@ impl Parser {
         let Some(call) = self.calls.get_mut(slot) else {
             return;
         };
-        if let Some(id) = id {
-            if call.id.is_empty() {
-                id.clone_into(&mut call.id);
-            }
+        if let Some(id) = id
+            && call.id.is_empty()
+        {
+            id.clone_into(&mut call.id);
         }
         let function = fragment.function.unwrap_or_default();
-        if let Some(name) = function.name.filter(|n| !n.is_empty()) {
-            if call.name.is_empty() {
-                call.name = name;
-            }
+        if let Some(name) = function.name.filter(|n| !n.is_empty())
+            && call.name.is_empty()
+        {
+            call.name = name;
         }
         let piece = match function.arguments {
             Some(Value::String(piece)) => piece,

@@ -284,13 +284,13 @@ impl Runtime {
         if request.input.is_empty() {
             return Err(CreateRunError::MissingField("input"));
         }
-        if let Some(metadata) = &request.metadata {
-            if !metadata.is_object() {
-                return Err(CreateRunError::InvalidField {
-                    field: "metadata",
-                    reason: "must be a JSON object".to_owned(),
-                });
-            }
+        if let Some(metadata) = &request.metadata
+            && !metadata.is_object()
+        {
+            return Err(CreateRunError::InvalidField {
+                field: "metadata",
+                reason: "must be a JSON object".to_owned(),
+            });
         }
         if let Some(max) = request.max_iterations {
             let cap = self.config.max_iterations_cap;

@@ -72,12 +72,12 @@ impl TestDb {
 
     /// Drops a PostgreSQL test database (best effort).
     pub async fn cleanup(self) {
-        if let Some((admin_url, name)) = &self.postgres {
-            if let Ok(mut admin) = sqlx::PgConnection::connect(admin_url).await {
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .execute(&mut admin)
-                    .await;
-            }
+        if let Some((admin_url, name)) = &self.postgres
+            && let Ok(mut admin) = sqlx::PgConnection::connect(admin_url).await
+        {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&mut admin)
+                .await;
         }
     }
 }
