@@ -13,25 +13,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::db::Backend;
-use support::fake_openai::{DONE, FakeOpenAi, Reply, chunk, text_stream, usage_chunk};
+use support::fake_openai::{FakeOpenAi, Reply, text_stream, tool_calls_stream};
 use support::server::{TestServer, collect_frames, config_for, config_with};
 
 /// A Chat Completions stream in which the model calls `name` with `arguments`.
 fn tool_call_stream(id: &str, name: &str, arguments: &Value) -> Vec<u8> {
-    let mut body = chunk(
-        json!({"role": "assistant", "content": null, "tool_calls": [
-            {"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}
-        ]}),
-        None,
-    );
-    body.push_str(&chunk(
-        json!({"tool_calls": [{"index": 0, "function": {"arguments": arguments.to_string()}}]}),
-        None,
-    ));
-    body.push_str(&chunk(json!({}), Some("tool_calls")));
-    body.push_str(&usage_chunk(20, 8, 0));
-    body.push_str(DONE);
-    body.into_bytes()
+    tool_calls_stream(&[(id, name, arguments.clone())])
 }
 
 fn run_body(input: &str) -> Value {

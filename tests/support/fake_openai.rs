@@ -391,3 +391,27 @@ pub fn text_stream(deltas: &[&str]) -> Vec<u8> {
     body.push_str(DONE);
     body.into_bytes()
 }
+
+/// A complete answer in which the model calls tools: `(call id, tool name, arguments)`, each
+/// call's arguments streamed in two fragments, then `finish_reason: tool_calls`, usage and
+/// `[DONE]`.
+pub fn tool_calls_stream(calls: &[(&str, &str, Value)]) -> Vec<u8> {
+    let mut body = chunk(json!({"role": "assistant", "content": null}), None);
+    for (index, (id, name, arguments)) in calls.iter().enumerate() {
+        let text = arguments.to_string();
+        let (head, tail) = text.split_at(text.len() / 2);
+        body.push_str(&chunk(
+            json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                                   "function": {"name": name, "arguments": head}}]}),
+            None,
+        ));
+        body.push_str(&chunk(
+            json!({"tool_calls": [{"index": index, "function": {"arguments": tail}}]}),
+            None,
+        ));
+    }
+    body.push_str(&chunk(json!({}), Some("tool_calls")));
+    body.push_str(&usage_chunk(20, 8, 0));
+    body.push_str(DONE);
+    body.into_bytes()
+}
