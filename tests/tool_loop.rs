@@ -411,3 +411,76 @@ async fn timeouts_truncation_allow_lists_and_tool_choice() {
     assert_eq!(offered, vec!["sleep", "echo"]);
     server.stop().await;
 }
+
+/// An Anthropic Messages stream in which the model calls `name` with `input`, the input
+/// streamed as two `input_json_delta` pieces.
+fn anthropic_tool_use(id: &str, name: &str, input: &Value) -> Vec<u8> {
+    use support::fake_anthropic::{event, message_end, message_start};
+    let text = input.to_string();
+    let (head, tail) = text.split_at(text.len() / 2);
+    let mut body = message_start(30);
+    body.push_str(&event(&json!({"type": "content_block_start", "index": 0,
+        "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
+    for piece in [head, tail] {
+        body.push_str(&event(&json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": piece}})));
+    }
+    body.push_str(&event(&json!({"type": "content_block_stop", "index": 0})));
+    body.push_str(&message_end("tool_use", 12));
+    body.into_bytes()
+}
+
+#[tokio::test]
+async fn a_tool_loop_over_the_anthropic_wire_format() {
+    let fake = FakeOpenAi::start().await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let toml = format!(
+        "{}\n[providers.claude]\nkind = \"anthropic\"\nbase_url = \"{}\"\n\
+         [providers.claude.retry]\nmax_attempts = 1\n\
+         [providers.claude.models.fake-model]\ncontext_window = 200000\nmax_output_tokens = 1024\n",
+        tools_toml(log.path(), &lookup_server().await, ""),
+        fake.base_url()
+    );
+    let config = behest::config::Config::from_toml(&toml).unwrap();
+    let server = TestServer::start(Backend::Sqlite, config).await.unwrap();
+    fake.push(Reply::sse(&anthropic_tool_use(
+        "toolu_add",
+        "add",
+        &json!({"a": 20, "b": 22}),
+    )));
+    fake.push(Reply::sse(&support::fake_anthropic::text_stream(&[
+        "It is ", "42.",
+    ])));
+    let body =
+        json!({"provider": "claude", "model": "fake-model", "input": "20 + 22?", "tools": ["add"]});
+    let run_id = server.create_run(body).await["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let run = server.finished_run(&run_id).await;
+    assert_eq!(
+        (run["status"].as_str(), run["iterations"].as_u64()),
+        (Some("completed"), Some(2))
+    );
+    let requests = fake.requests();
+    assert_eq!(requests[0].path, "/v1/messages");
+    assert_eq!(requests[0].body["tools"][0]["name"], "add");
+    assert_eq!(
+        requests[0].body["tools"][0]["input_schema"]["required"],
+        json!(["a", "b"])
+    );
+    assert_eq!(requests[0].body["tool_choice"], json!({"type": "auto"}));
+    let messages = &requests[1].body["messages"];
+    assert_eq!(
+        messages[1]["content"][0],
+        json!({"type": "tool_use", "id": "toolu_add", "name": "add", "input": {"a": 20, "b": 22}})
+    );
+    let result = &messages[2]["content"][0];
+    assert_eq!(
+        (result["type"].as_str(), result["tool_use_id"].as_str()),
+        (Some("tool_result"), Some("toolu_add"))
+    );
+    assert!(result["content"].to_string().contains("42"), "{result}");
+    assert!(result.get("is_error").is_none());
+    server.stop().await;
+}
