@@ -144,6 +144,23 @@ async fn next_run_sends_the_session_history(backend: Backend) {
         .get_json(&format!("/runs?session_id={session}"))
         .await;
     assert_eq!(runs["runs"].as_array().unwrap().len(), 2);
+    assert_eq!(runs["runs"][0]["id"], second.as_str(), "newest first");
+    // Cursor pagination: one run per page.
+    let page = server
+        .get_json(&format!("/runs?session_id={session}&limit=1"))
+        .await;
+    assert_eq!(page["runs"][0]["id"], second.as_str());
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let last = server
+        .get_json(&format!(
+            "/runs?session_id={session}&limit=1&cursor={cursor}"
+        ))
+        .await;
+    assert_eq!(last["runs"][0]["id"], first["run_id"]);
+    assert_eq!(last["next_cursor"], Value::Null);
+    let sessions = server.get_json("/sessions?limit=1").await;
+    assert_eq!(sessions["sessions"][0]["id"], session);
+    assert_eq!(sessions["next_cursor"], Value::Null);
     server.stop().await;
 }
 

@@ -3,6 +3,7 @@
 
 mod error;
 mod extract;
+mod page;
 mod runs;
 mod sessions;
 mod system;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{Json, Query};
+use super::page::Page;
 use super::{ApiError, AppState, Problem};
 use crate::domain::{
     CreateRunRequest, CreateRunResponse, FinishReason, Role, RunId, RunOutput, RunRecord, RunStatus,
@@ -19,9 +20,6 @@ use crate::domain::{
 use crate::events::AgentEvent;
 use crate::runtime::{CancelOutcome, CreatedRun, TraceContext};
 use crate::store::RunFilter;
-
-const DEFAULT_LIMIT: u32 = 50;
-const MAX_LIMIT: u32 = 200;
 
 fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
     raw.parse().map_err(|_| ApiError::run_not_found(raw))
@@ -198,29 +196,7 @@ pub async fn list_runs(
     State(state): State<AppState>,
     Query(query): Query<ListRunsQuery>,
 ) -> Result<axum::Json<ListRunsResponse>, ApiError> {
-    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            format!("limit must be between 1 and {MAX_LIMIT}"),
-        )
-        .field("limit"));
-    }
-    let before = query
-        .cursor
-        .as_deref()
-        .map(|cursor| {
-            cursor.parse::<RunId>().map_err(|_| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_cursor",
-                    "the cursor is not one this server returned",
-                )
-                .field("cursor")
-            })
-        })
-        .transpose()?;
+    let page = Page::<RunId>::parse(query.limit, query.cursor.as_deref())?;
     let session_id = query
         .session_id
         .as_deref()
@@ -238,16 +214,11 @@ pub async fn list_runs(
     let filter = RunFilter {
         session_id,
         status: query.status,
-        before,
-        limit: limit + 1,
+        before: page.before,
+        limit: page.fetch(),
     };
     let mut runs = state.runtime.store().list_runs(&filter).await?;
-    let next_cursor = if runs.len() > limit as usize {
-        runs.truncate(limit as usize);
-        runs.last().map(|run| run.id.to_string())
-    } else {
-        None
-    };
+    let next_cursor = page.finish(&mut runs, |run| run.id.to_string());
     Ok(axum::Json(ListRunsResponse { runs, next_cursor }))
 }
 

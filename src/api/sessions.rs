@@ -7,12 +7,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::extract::Query;
+use super::page::Page;
 use super::{ApiError, AppState, Problem};
 use crate::domain::{Message, Session, SessionId};
 use crate::store::StoreError;
-
-const DEFAULT_LIMIT: u32 = 50;
-const MAX_LIMIT: u32 = 200;
 
 fn parse_session_id(raw: &str) -> Result<SessionId, ApiError> {
     raw.parse().map_err(|_| session_not_found(raw))
@@ -67,40 +65,13 @@ pub async fn list_sessions(
     State(state): State<AppState>,
     Query(query): Query<ListSessionsQuery>,
 ) -> Result<axum::Json<ListSessionsResponse>, ApiError> {
-    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            format!("limit must be between 1 and {MAX_LIMIT}"),
-        )
-        .field("limit"));
-    }
-    let before = query
-        .cursor
-        .as_deref()
-        .map(|cursor| {
-            cursor.parse::<SessionId>().map_err(|_| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_cursor",
-                    "the cursor is not one this server returned",
-                )
-                .field("cursor")
-            })
-        })
-        .transpose()?;
+    let page = Page::<SessionId>::parse(query.limit, query.cursor.as_deref())?;
     let mut sessions = state
         .runtime
         .store()
-        .list_sessions(before, limit + 1)
+        .list_sessions(page.before, page.fetch())
         .await?;
-    let next_cursor = if sessions.len() > limit as usize {
-        sessions.truncate(limit as usize);
-        sessions.last().map(|session| session.id.to_string())
-    } else {
-        None
-    };
+    let next_cursor = page.finish(&mut sessions, |session| session.id.to_string());
     Ok(axum::Json(ListSessionsResponse {
         sessions,
         next_cursor,
