@@ -17,7 +17,7 @@ use support::db::{Backend, TestDb};
 use support::fake_anthropic as anthropic;
 use support::fake_openai::{FakeOpenAi, Reply, fixture, refused_base_url, text_stream};
 use support::schema::EventSchema;
-use support::server::{Frame, TestServer, config_for};
+use support::server::{Frame, TERMINAL, TestServer, config_for};
 
 const FIXTURE_TEXT: &str = "Héllo wörld — 你好 🌍!";
 
@@ -253,6 +253,12 @@ async fn cancel_ends_a_streaming_run(backend: Backend) {
     assert_eq!(response.status(), 200);
     let record: Value = response.json().await.unwrap();
     assert_eq!(record["status"], "cancelled");
+    // The provider connection was closed.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while fake.abandoned() == 0 {
+        assert!(Instant::now() < deadline, "the model stream was abandoned");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "cancelled within 1 s"
@@ -477,7 +483,48 @@ async fn retried_rate_limit_completes_the_run(backend: Backend) {
     server.stop().await;
 }
 
+/// Runs cancelled at once: whichever cancel lands before `model_started` means the model was
+/// never called for that run (whatever the timing, this must hold for every run).
+async fn a_run_cancelled_before_its_model_call_never_calls_the_model(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    let mut runs = Vec::new();
+    for i in 0..8 {
+        let input = format!("cancel me {i}");
+        let run_id = server.start_run(&input, None).await;
+        let response = server
+            .client
+            .post(server.url(&format!("/runs/{run_id}/cancel")))
+            .send()
+            .await
+            .unwrap();
+        assert!([200, 202, 409].contains(&response.status().as_u16()));
+        runs.push((run_id, input));
+    }
+    for (run_id, input) in &runs {
+        let frames = server.events(run_id, None).await;
+        let called = fake
+            .requests()
+            .iter()
+            .any(|r| r.body["messages"][0]["content"] == input.as_str());
+        if !frames.iter().any(|f| f.event == "model_started") {
+            assert!(!called, "run {run_id} was cancelled before its model call");
+        }
+        assert_eq!(
+            frames
+                .iter()
+                .filter(|f| TERMINAL.contains(&f.event.as_str()))
+                .count(),
+            1
+        );
+    }
+    server.stop().await;
+}
+
 on_both_backends!(
+    a_run_cancelled_before_its_model_call_never_calls_the_model,
     anthropic_run_end_to_end,
     anthropic_parallel_tool_use_results_go_back_in_one_message,
     anthropic_overloaded_fails_the_run_with_its_class,

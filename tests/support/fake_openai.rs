@@ -162,7 +162,7 @@ impl Reply {
         pieces
     }
 
-    fn into_response(self) -> Response {
+    fn into_response(self, shared: Arc<Shared>) -> Response {
         let pieces = self.pieces();
         let delay = self.delay;
         let written =
@@ -185,6 +185,13 @@ impl Reply {
                 }))
                 .boxed(),
         };
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let guard = Abandon(shared, ended.clone());
+        let body = body.chain(stream::poll_fn(move |_| {
+            let _owned = &guard;
+            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            std::task::Poll::Ready(None)
+        }));
         let mut response = Response::new(Body::from_stream(body));
         *response.status_mut() =
             StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -212,6 +219,21 @@ impl Reply {
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<RecordedRequest>>,
+    /// Response bodies dropped before they ended: the client closed the connection.
+    abandoned: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a body as abandoned when it is dropped before its end.
+struct Abandon(Arc<Shared>, Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if !self.1.load(std::sync::atomic::Ordering::SeqCst) {
+            self.0
+                .abandoned
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -266,6 +288,13 @@ impl FakeOpenAi {
         self
     }
 
+    /// How many response bodies the client abandoned (closed the connection before their end).
+    pub fn abandoned(&self) -> usize {
+        self.shared
+            .abandoned
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.requests).clone()
@@ -296,7 +325,7 @@ async fn messages(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: B
 
 /// Records the request and answers with the next queued reply, else `default()`.
 fn answer(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     path: &str,
     headers: HeaderMap,
     body: &[u8],
@@ -309,7 +338,7 @@ fn answer(
         body,
     });
     let reply = lock(&shared.replies).pop_front().unwrap_or_else(default);
-    reply.into_response()
+    reply.into_response(Arc::clone(shared))
 }
 
 /// A base URL where nothing listens (a port bound and released), for connection failures.
