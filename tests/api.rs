@@ -202,3 +202,16 @@ async fn health_and_readiness() {
     let (status, _, _) = api.call("GET", "/readyz", None).await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn served_openapi_is_the_checked_in_document() {
+    let api = Api::new().await;
+    let (status, content_type, served) = api.call("GET", "/openapi.json", None).await;
+    assert_eq!(
+        (status.as_u16(), content_type.as_str()),
+        (200, "application/json")
+    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
+    let checked_in: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(served, checked_in);
+}
