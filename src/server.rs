@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -78,6 +79,13 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         providers = config.providers.len(),
         "behest listening"
     );
+    // SSE frames are small writes: without TCP_NODELAY, Nagle holds a frame back until the
+    // previous one is acknowledged (up to the peer's delayed-ACK timeout, ~40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+    });
     let shutdown = CancellationToken::new();
     let state = AppState::new(runtime.clone(), shutdown.clone());
     let signal = shutdown.clone();

@@ -1,0 +1,251 @@
+//! The hard check: every stream the driver reads has contiguous sequences from the cursor, the
+//! fake's tokens in order and once each, exactly one terminal event and nothing after it; all
+//! watchers of one run see the same content. Any violation fails the command.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use crate::fake::token_text;
+use crate::sse::Frame;
+
+/// The run's terminal event types.
+pub const TERMINAL: [&str; 3] = ["run_completed", "run_failed", "run_cancelled"];
+
+/// Violations found so far, and how much was checked.
+#[derive(Debug, Default)]
+pub struct Checks {
+    violations: Mutex<Vec<String>>,
+    streams: AtomicU64,
+    events: AtomicU64,
+}
+
+impl Checks {
+    /// Records a violation.
+    pub fn fail(&self, violation: String) {
+        let mut violations = self
+            .violations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Keep the report readable; the count is what fails the run.
+        if violations.len() < 10_000 {
+            violations.push(violation);
+        }
+    }
+
+    /// Records a checked stream and its violations.
+    pub fn stream(&self, label: &str, summary: &StreamSummary) {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        self.events.fetch_add(summary.events, Ordering::Relaxed);
+        for error in &summary.errors {
+            self.fail(format!("{label}: {error}"));
+        }
+    }
+
+    /// Every violation so far.
+    pub fn violations(&self) -> Vec<String> {
+        self.violations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Streams and events checked.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.streams.load(Ordering::Relaxed),
+            self.events.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// What a checked stream held.
+#[derive(Debug, Clone, Default)]
+pub struct StreamSummary {
+    /// Frames read.
+    pub events: u64,
+    /// Last sequence read.
+    pub last_sequence: u64,
+    /// The terminal event's type, if one arrived.
+    pub terminal: Option<String>,
+    /// Text deltas read.
+    pub tokens: u32,
+    /// Hash of every frame's id, type and data, in order.
+    pub hash: u64,
+    /// What was wrong.
+    pub errors: Vec<String>,
+}
+
+/// Checks a behest event stream frame by frame, without keeping the frames.
+#[derive(Debug)]
+pub struct StreamCheck {
+    next: u64,
+    check_tokens: bool,
+    hasher: DefaultHasher,
+    summary: StreamSummary,
+}
+
+impl StreamCheck {
+    /// A stream resumed after sequence `after` (0: from the start). Token texts are checked
+    /// only from the start (a resumed stream starts mid-answer).
+    pub fn new(after: u64) -> Self {
+        Self {
+            next: after + 1,
+            check_tokens: after == 0,
+            hasher: DefaultHasher::new(),
+            summary: StreamSummary {
+                last_sequence: after,
+                ..StreamSummary::default()
+            },
+        }
+    }
+
+    fn error(&mut self, error: String) {
+        if self.summary.errors.len() < 20 {
+            self.summary.errors.push(error);
+        }
+    }
+
+    /// Checks the next frame.
+    pub fn push(&mut self, frame: &Frame) {
+        self.summary.events += 1;
+        match frame.id {
+            None => self.error(format!("a `{}` frame without an id", frame.event)),
+            Some(id) if id != self.next => {
+                let what = if id < self.next {
+                    "duplicated or reordered"
+                } else {
+                    "lost"
+                };
+                self.error(format!(
+                    "sequence {id} where {} was due ({what} events)",
+                    self.next
+                ));
+                self.next = id + 1;
+            }
+            Some(id) => self.next = id + 1,
+        }
+        if let Some(terminal) = &self.summary.terminal {
+            let terminal = terminal.clone();
+            self.error(format!(
+                "`{}` after the terminal event `{terminal}`",
+                frame.event
+            ));
+        }
+        if TERMINAL.contains(&frame.event.as_str()) {
+            self.summary.terminal = Some(frame.event.clone());
+        }
+        if frame.event == "text_delta" {
+            self.summary.tokens += 1;
+            if self.check_tokens {
+                let expected = format!("\"delta\":\"{}\"", token_text(self.summary.tokens));
+                if !frame.data.contains(&expected) {
+                    self.error(format!(
+                        "text_delta {} does not carry token {} (lost, duplicated or reordered \
+                         tokens): {}",
+                        self.summary.tokens, self.summary.tokens, frame.data
+                    ));
+                }
+            }
+        }
+        self.summary.last_sequence = frame.id.unwrap_or(self.summary.last_sequence);
+        frame.id.hash(&mut self.hasher);
+        frame.event.hash(&mut self.hasher);
+        frame.data.hash(&mut self.hasher);
+    }
+
+    /// Ends the check: the stream must have ended with one terminal event (of type
+    /// `terminal` when given) and, checked from the start, carry `tokens` text deltas.
+    pub fn finish(mut self, terminal: Option<&str>, tokens: Option<u32>) -> StreamSummary {
+        match (&self.summary.terminal, terminal) {
+            (None, _) => self.error("the stream ended without a terminal event".to_owned()),
+            (Some(got), Some(want)) if got != want => {
+                let got = got.clone();
+                self.error(format!(
+                    "terminal event `{got}` where `{want}` was expected"
+                ));
+            }
+            _ => {}
+        }
+        if let Some(tokens) = tokens {
+            if self.check_tokens && self.summary.tokens != tokens {
+                let got = self.summary.tokens;
+                self.error(format!("{got} text deltas where {tokens} were sent"));
+            }
+        }
+        self.summary.hash = self.hasher.finish();
+        self.summary
+    }
+}
+
+/// Checks a stream read directly from the fake provider: tokens 1..=n in order, `[DONE]` last.
+#[derive(Debug, Default)]
+pub struct DirectCheck {
+    tokens: u32,
+    done: bool,
+    usage: bool,
+    errors: Vec<String>,
+    frames: u64,
+}
+
+impl DirectCheck {
+    /// Checks the next frame; returns true when it carried a token.
+    pub fn push(&mut self, frame: &Frame) -> bool {
+        self.frames += 1;
+        if self.done {
+            self.errors.push("data after [DONE]".to_owned());
+        }
+        if frame.data == "[DONE]" {
+            self.done = true;
+            return false;
+        }
+        if frame.data.contains("\"usage\":{") {
+            self.usage = true;
+        }
+        let Some(text) = content_of(&frame.data) else {
+            return false;
+        };
+        if text.is_empty() {
+            return false;
+        }
+        self.tokens += 1;
+        if text != token_text(self.tokens) && self.errors.len() < 20 {
+            self.errors.push(format!(
+                "token {} arrived as `{text}` (lost, duplicated or reordered)",
+                self.tokens
+            ));
+        }
+        true
+    }
+
+    /// Ends the check of a stream that ran to the end with `tokens` tokens.
+    pub fn finish(mut self, tokens: u32) -> StreamSummary {
+        if !self.done {
+            self.errors
+                .push("the stream ended without [DONE]".to_owned());
+        }
+        if !self.usage {
+            self.errors.push("the stream had no usage chunk".to_owned());
+        }
+        if self.tokens != tokens {
+            self.errors
+                .push(format!("{} tokens where {tokens} were sent", self.tokens));
+        }
+        StreamSummary {
+            events: self.frames,
+            tokens: self.tokens,
+            errors: self.errors,
+            terminal: Some("[DONE]".to_owned()),
+            ..StreamSummary::default()
+        }
+    }
+}
+
+/// The `delta.content` string of a chunk, without parsing the JSON (the fake's tokens need no
+/// escaping).
+fn content_of(data: &str) -> Option<&str> {
+    let start = data.find("\"content\":\"")? + "\"content\":\"".len();
+    let end = data[start..].find('"')?;
+    Some(&data[start..start + end])
+}
