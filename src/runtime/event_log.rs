@@ -29,8 +29,9 @@ pub enum LogError {
     Serialize(String),
 }
 
+/// Events of one emit: written in one transaction (never split across batches).
 struct Pending {
-    write: EventWrite,
+    writes: Vec<EventWrite>,
     done: oneshot::Sender<Result<(), LogError>>,
 }
 
@@ -43,8 +44,9 @@ pub struct EventLog {
 
 impl std::fmt::Debug for Pending {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sequences: Vec<u64> = self.writes.iter().map(|w| w.event.sequence).collect();
         f.debug_struct("Pending")
-            .field("sequence", &self.write.event.sequence)
+            .field("sequences", &sequences)
             .finish()
     }
 }
@@ -87,13 +89,20 @@ async fn write_loop(
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     while receiver.recv_many(&mut batch, max_batch).await > 0 {
-        let (writes, acks): (Vec<EventWrite>, Vec<_>) =
-            batch.drain(..).map(|p| (p.write, p.done)).unzip();
+        let mut writes = Vec::with_capacity(batch.len());
+        let mut acks = Vec::with_capacity(batch.len());
+        for pending in batch.drain(..) {
+            acks.push((pending.writes.len(), pending.done));
+            writes.extend(pending.writes);
+        }
         let result = append_with_retry(store.as_ref(), &writes).await;
-        for (write, done) in writes.into_iter().zip(acks) {
+        let mut written = writes.into_iter();
+        for (count, done) in acks {
             let ack = match &result {
                 Ok(()) => {
-                    feed.publish(write.run_id, write.event);
+                    for write in written.by_ref().take(count) {
+                        feed.publish(write.run_id, write.event);
+                    }
                     Ok(())
                 }
                 Err(error) => Err(LogError::Store(error.to_string())),
@@ -175,8 +184,18 @@ impl RunEmitter {
         payload: EventPayload,
         change: RunChange,
     ) -> Result<u64, LogError> {
-        let (sequence, ack) = self.enqueue(payload, None, change)?;
-        self.settle(sequence, ack).await
+        self.emit_all(vec![(payload, change)]).await
+    }
+
+    /// Logs several events in one transaction (all or none) and waits until they are durable.
+    /// Returns the last one's sequence.
+    ///
+    /// # Errors
+    /// [`LogError`] when the log is closed or the write failed (then none was written).
+    pub async fn emit_all(&self, events: Vec<(EventPayload, RunChange)>) -> Result<u64, LogError> {
+        let events = events.into_iter().map(|(p, c)| (p, None, c)).collect();
+        let (first, last, ack) = self.enqueue(events)?;
+        self.settle(first, last, ack).await
     }
 
     /// Logs the terminal event with the run's final state (one transaction) and closes the
@@ -189,8 +208,9 @@ impl RunEmitter {
         payload: EventPayload,
         outcome: RunOutcome,
     ) -> Result<u64, LogError> {
-        let (sequence, ack) = self.enqueue(payload, Some(outcome), RunChange::default())?;
-        let result = self.settle(sequence, ack).await;
+        let (first, last, ack) =
+            self.enqueue(vec![(payload, Some(outcome), RunChange::default())])?;
+        let result = self.settle(first, last, ack).await;
         if result.is_ok() {
             self.log.feed.close(self.run_id);
         }
@@ -202,35 +222,44 @@ impl RunEmitter {
     /// be written.
     async fn settle(
         &self,
-        sequence: u64,
+        first: u64,
+        last: u64,
         ack: oneshot::Receiver<Result<(), LogError>>,
     ) -> Result<u64, LogError> {
         let result = ack.await.unwrap_or(Err(LogError::WriterGone));
         if let Err(error) = result {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            if state.next_sequence == sequence + 1 {
-                state.next_sequence = sequence;
+            if state.next_sequence == last + 1 {
+                state.next_sequence = first;
                 state.closed = false;
             }
             return Err(error);
         }
-        Ok(sequence)
+        Ok(last)
     }
 
+    /// Assigns contiguous sequences, serializes each event once, and queues them as one
+    /// transaction. Returns the first and last sequence.
+    #[expect(clippy::type_complexity, reason = "a private helper's tuple")]
     fn enqueue(
         &self,
-        payload: EventPayload,
-        outcome: Option<RunOutcome>,
-        change: RunChange,
-    ) -> Result<(u64, oneshot::Receiver<Result<(), LogError>>), LogError> {
-        let terminal = payload.is_terminal();
+        events: Vec<(EventPayload, Option<RunOutcome>, RunChange)>,
+    ) -> Result<(u64, u64, oneshot::Receiver<Result<(), LogError>>), LogError> {
         let (done, ack) = oneshot::channel();
-        let sequence = {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            if state.closed {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.closed {
+            return Err(LogError::Closed);
+        }
+        let first = state.next_sequence;
+        let mut writes = Vec::with_capacity(events.len());
+        let mut closed = false;
+        for (offset, (payload, outcome, change)) in (0..).zip(events) {
+            if closed {
                 return Err(LogError::Closed);
             }
-            let sequence = state.next_sequence;
+            let sequence = first + offset;
+            let terminal = payload.is_terminal();
+            closed = terminal;
             let event_type = payload.event_type().to_owned();
             let event = AgentEvent {
                 sequence,
@@ -242,7 +271,7 @@ impl RunEmitter {
             };
             let data =
                 serde_json::to_string(&event).map_err(|e| LogError::Serialize(e.to_string()))?;
-            let write = EventWrite {
+            writes.push(EventWrite {
                 run_id: self.run_id,
                 event: Arc::new(LoggedEvent {
                     sequence,
@@ -252,16 +281,18 @@ impl RunEmitter {
                 }),
                 outcome,
                 change,
-            };
-            // Sent under the lock: queue order is sequence order.
-            self.log
-                .queue
-                .send(Pending { write, done })
-                .map_err(|_| LogError::WriterGone)?;
-            state.next_sequence += 1;
-            state.closed = terminal;
-            sequence
+            });
+        }
+        let Some(last) = writes.last().map(|w| w.event.sequence) else {
+            return Err(LogError::Serialize("no events to log".to_owned()));
         };
-        Ok((sequence, ack))
+        // Sent under the lock: queue order is sequence order.
+        self.log
+            .queue
+            .send(Pending { writes, done })
+            .map_err(|_| LogError::WriterGone)?;
+        state.next_sequence = last + 1;
+        state.closed = closed;
+        Ok((first, last, ack))
     }
 }

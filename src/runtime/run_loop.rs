@@ -186,24 +186,23 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         })?;
 
     let mut history = store.session_messages(record.session_id).await?;
-    emitter
-        .emit_with(
+    // Logged with the first `model_started`, in one transaction.
+    let mut preamble = vec![
+        (
             EventPayload::RunStarted(RunStarted {
                 session_id: record.session_id,
                 provider: record.provider.clone(),
                 model: record.model.clone(),
             }),
             status(RunStatus::SessionLoaded),
-        )
-        .await?;
-    emitter
-        .emit_with(
+        ),
+        (
             EventPayload::ContextBuilt(ContextBuilt {
                 message_count: u32::try_from(history.len()).unwrap_or(u32::MAX),
             }),
             status(RunStatus::BuildingContext),
-        )
-        .await?;
+        ),
+    ];
 
     let mut total_usage = TokenUsage::default();
     let config = runtime.config().clone();
@@ -218,16 +217,15 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         if cancel.is_cancelled() {
             return Err(RunFailure::Cancelled);
         }
-        emitter
-            .emit_with(
-                EventPayload::ModelStarted(ModelStarted {
-                    provider: record.provider.clone(),
-                    model: record.model.clone(),
-                    iteration,
-                }),
-                status(RunStatus::CallingModel),
-            )
-            .await?;
+        let mut events = std::mem::take(&mut preamble);
+        events.push((
+            EventPayload::ModelStarted(ModelStarted {
+                provider: record.provider.clone(),
+                model: record.model.clone(),
+                iteration,
+            }),
+            status(RunStatus::CallingModel),
+        ));
         let request = ModelRequest {
             model: record.model.clone(),
             messages: history.clone(),
@@ -235,7 +233,12 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
             tool_choice: record.tool_choice.clone(),
             max_output_tokens: Some(model.max_output_tokens),
         };
-        let turn = call_model(&emitter, entry.provider.as_ref(), request).await?;
+        // The request goes out while `model_started` is being committed: the provider's answer
+        // is only read once the event is durable, so nothing of the call precedes it in the log.
+        let (logged, stream) =
+            tokio::join!(emitter.emit_all(events), entry.provider.stream(request));
+        logged?;
+        let turn = read_model_stream(&emitter, stream?).await?;
 
         total_usage += turn.usage;
         let progress = RunChange {
@@ -335,12 +338,11 @@ struct ModelTurn {
     finish_reason: FinishReason,
 }
 
-async fn call_model(
+/// Emits what one model call streams and collects its result.
+async fn read_model_stream(
     emitter: &RunEmitter,
-    provider: &dyn crate::provider::Provider,
-    request: ModelRequest,
+    mut stream: crate::provider::ModelStream,
 ) -> Result<ModelTurn, RunFailure> {
-    let mut stream = provider.stream(request).await?;
     let mut turn = ModelTurn {
         text: String::new(),
         tool_calls: Vec::new(),
