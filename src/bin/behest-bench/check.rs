@@ -168,11 +168,12 @@ impl StreamCheck {
             }
             _ => {}
         }
-        if let Some(tokens) = tokens {
-            if self.check_tokens && self.summary.tokens != tokens {
-                let got = self.summary.tokens;
-                self.error(format!("{got} text deltas where {tokens} were sent"));
-            }
+        if let Some(tokens) = tokens
+            && self.check_tokens
+            && self.summary.tokens != tokens
+        {
+            let got = self.summary.tokens;
+            self.error(format!("{got} text deltas where {tokens} were sent"));
         }
         self.summary.hash = self.hasher.finish();
         self.summary

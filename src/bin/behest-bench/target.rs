@@ -76,13 +76,13 @@ impl Database {
 
     /// Drops a PostgreSQL database (SQLite files go with the temp dir).
     pub async fn drop_database(&self) {
-        if let Some((admin_url, name)) = &self.postgres {
-            if let Ok(mut admin) = sqlx::PgConnection::connect(admin_url).await {
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .execute(&mut admin)
-                    .await;
-                let _ = admin.close().await;
-            }
+        if let Some((admin_url, name)) = &self.postgres
+            && let Ok(mut admin) = sqlx::PgConnection::connect(admin_url).await
+        {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&mut admin)
+                .await;
+            let _ = admin.close().await;
         }
     }
 
