@@ -5,6 +5,7 @@ pub mod anthropic;
 mod http;
 pub mod openai;
 pub mod retry;
+mod sse;
 
 use std::fmt;
 use std::sync::Arc;

@@ -5,11 +5,8 @@
 //! (<https://platform.openai.com/docs/api-reference/chat/create>,
 //! <https://platform.openai.com/docs/api-reference/chat-streaming>).
 
-use std::collections::VecDeque;
-
 use async_trait::async_trait;
-use eventsource_stream::{EventStreamError, Eventsource};
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use reqwest::header::ACCEPT;
 use secrecy::ExposeSecret;
 use serde::Deserialize;
@@ -17,6 +14,7 @@ use serde_json::{Map, Value, json};
 
 pub use super::http::ReadError;
 use super::http::{self, Answer, Deadlines, excerpt, with_timeouts};
+use super::sse::{self, Out, Step, StreamParser};
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
 use crate::config::{ProviderConfig, Secret, TimeoutConfig};
 use crate::domain::{
@@ -343,55 +341,7 @@ where
     B: AsRef<[u8]> + Send + 'static,
     E: Into<ReadError> + Send + 'static,
 {
-    let driver = Driver {
-        events: Box::pin(bytes.eventsource()),
-        parser: Parser::new(provider),
-        out: VecDeque::new(),
-        ended: false,
-    };
-    futures::stream::unfold(driver, |mut driver| async move {
-        loop {
-            if let Some(item) = driver.out.pop_front() {
-                return Some((item, driver));
-            }
-            if driver.ended {
-                return None;
-            }
-            match driver.events.next().await {
-                None => {
-                    driver.ended = true;
-                    driver.parser.on_end(&mut driver.out);
-                }
-                Some(Err(error)) => {
-                    driver.ended = true;
-                    let error = driver.parser.read_error(error);
-                    driver.out.push_back(Err(error));
-                }
-                Some(Ok(event)) => {
-                    let step = driver
-                        .parser
-                        .on_event(&event.event, &event.data, &mut driver.out);
-                    driver.ended = step == Step::End;
-                }
-            }
-        }
-    })
-    .boxed()
-}
-
-type Out = VecDeque<Result<ModelEvent, ProviderError>>;
-
-struct Driver<S> {
-    events: std::pin::Pin<Box<eventsource_stream::EventStream<S>>>,
-    parser: Parser,
-    out: Out,
-    ended: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Continue,
-    End,
+    sse::parse(bytes, Parser::new(provider))
 }
 
 /// One `chat.completion.chunk`, leniently: every field may be absent or null.
@@ -501,107 +451,6 @@ impl Parser {
 
     fn error(&self, class: ErrorClass, message: impl Into<String>) -> ProviderError {
         ProviderError::new(&self.provider, class, message)
-    }
-
-    fn read_error<E: Into<ReadError>>(&self, error: EventStreamError<E>) -> ProviderError {
-        match error {
-            EventStreamError::Transport(error) => {
-                let error = error.into();
-                self.error(error.class, error.message)
-            }
-            EventStreamError::Utf8(error) => {
-                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
-            }
-            EventStreamError::Parser(error) => {
-                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
-            }
-        }
-    }
-
-    /// Handles one SSE event (`event` is its type, `message` by default).
-    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step {
-        if data.trim() == "[DONE]" {
-            self.finish_events(out);
-            return Step::End;
-        }
-        if event != "message" && event != "error" {
-            return Step::Continue;
-        }
-        let chunk: Chunk = match serde_json::from_str(data) {
-            Ok(chunk) => chunk,
-            Err(error) if event == "error" => {
-                tracing::debug!(%error, "error event without a JSON body");
-                let detail = ErrorDetail {
-                    message: Some(excerpt(data)),
-                    ..ErrorDetail::default()
-                };
-                out.push_back(Err(self.error(classify(None, &detail), excerpt(data))));
-                return Step::End;
-            }
-            Err(error) => {
-                out.push_back(Err(self.error(
-                    ErrorClass::Server,
-                    format!("malformed chunk: {error}: {}", excerpt(data)),
-                )));
-                return Step::End;
-            }
-        };
-        if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
-            let detail = ErrorDetail::from_error(&error);
-            let message = detail
-                .message
-                .as_deref()
-                .map_or_else(|| excerpt(&error.to_string()), excerpt);
-            out.push_back(Err(ProviderError {
-                status: detail.status,
-                ..self.error(classify(None, &detail), message)
-            }));
-            return Step::End;
-        }
-        if let Some(usage) = chunk.usage {
-            let input = usage.prompt_tokens.unwrap_or(0);
-            let output = usage.completion_tokens.unwrap_or(0);
-            let tokens = TokenUsage {
-                input_tokens: input,
-                output_tokens: output,
-                total_tokens: usage.total_tokens.unwrap_or(input + output),
-            };
-            let cache = usage
-                .prompt_tokens_details
-                .and_then(|details| details.cached_tokens)
-                .map(|cached| CacheMetrics {
-                    cached_input_tokens: cached,
-                    ..CacheMetrics::default()
-                });
-            self.usage = Some((tokens, cache));
-        }
-        for choice in chunk.choices.unwrap_or_default() {
-            if choice.index.unwrap_or(0) != 0 {
-                continue;
-            }
-            if let Some(delta) = choice.delta {
-                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-                    out.push_back(Ok(ModelEvent::TextDelta(text)));
-                }
-                for fragment in delta.tool_calls.unwrap_or_default() {
-                    self.on_fragment(fragment, out);
-                }
-                if let Some(function) = delta.function_call {
-                    self.on_fragment(
-                        Fragment {
-                            function: Some(function),
-                            ..Fragment::default()
-                        },
-                        out,
-                    );
-                }
-            }
-            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
-                self.finish = Some(finish_reason(&reason));
-                self.close_calls(out);
-            }
-        }
-        Step::Continue
     }
 
     /// Finds (or opens) the call a fragment continues: by `index`; without one by a non-empty
@@ -722,32 +571,110 @@ impl Parser {
             })));
         }
     }
+}
 
-    /// Open calls closed, then `Usage` when reported, then `Finished`.
+impl StreamParser for Parser {
+    fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// Handles one SSE event (`event` is its type, `message` by default).
+    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step {
+        if data.trim() == "[DONE]" {
+            self.finish_events(out);
+            return Step::End;
+        }
+        if event != "message" && event != "error" {
+            return Step::Continue;
+        }
+        let chunk: Chunk = match serde_json::from_str(data) {
+            Ok(chunk) => chunk,
+            Err(error) if event == "error" => {
+                tracing::debug!(%error, "error event without a JSON body");
+                let detail = ErrorDetail {
+                    message: Some(excerpt(data)),
+                    ..ErrorDetail::default()
+                };
+                out.push_back(Err(self.error(classify(None, &detail), excerpt(data))));
+                return Step::End;
+            }
+            Err(error) => {
+                out.push_back(Err(self.error(
+                    ErrorClass::Server,
+                    format!("malformed chunk: {error}: {}", excerpt(data)),
+                )));
+                return Step::End;
+            }
+        };
+        if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
+            let detail = ErrorDetail::from_error(&error);
+            let message = detail
+                .message
+                .as_deref()
+                .map_or_else(|| excerpt(&error.to_string()), excerpt);
+            out.push_back(Err(ProviderError {
+                status: detail.status,
+                ..self.error(classify(None, &detail), message)
+            }));
+            return Step::End;
+        }
+        if let Some(usage) = chunk.usage {
+            let input = usage.prompt_tokens.unwrap_or(0);
+            let output = usage.completion_tokens.unwrap_or(0);
+            let tokens = TokenUsage {
+                input_tokens: input,
+                output_tokens: output,
+                total_tokens: usage.total_tokens.unwrap_or(input + output),
+            };
+            let cache = usage
+                .prompt_tokens_details
+                .and_then(|details| details.cached_tokens)
+                .map(|cached| CacheMetrics {
+                    cached_input_tokens: cached,
+                    ..CacheMetrics::default()
+                });
+            self.usage = Some((tokens, cache));
+        }
+        for choice in chunk.choices.unwrap_or_default() {
+            if choice.index.unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(delta) = choice.delta {
+                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+                    out.push_back(Ok(ModelEvent::TextDelta(text)));
+                }
+                for fragment in delta.tool_calls.unwrap_or_default() {
+                    self.on_fragment(fragment, out);
+                }
+                if let Some(function) = delta.function_call {
+                    self.on_fragment(
+                        Fragment {
+                            function: Some(function),
+                            ..Fragment::default()
+                        },
+                        out,
+                    );
+                }
+            }
+            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
+                self.finish = Some(finish_reason(&reason));
+                self.close_calls(out);
+            }
+        }
+        Step::Continue
+    }
+
+    fn stop_known(&self) -> bool {
+        self.finish.is_some()
+    }
+
     fn finish_events(&mut self, out: &mut Out) {
         self.close_calls(out);
         if let Some((usage, cache)) = self.usage.take() {
             out.push_back(Ok(ModelEvent::Usage { usage, cache }));
         }
-        let reason = match self.finish {
-            Some(FinishReason::Stop) | None if self.completed > 0 => FinishReason::ToolCalls,
-            Some(reason) => reason,
-            None => FinishReason::Stop,
-        };
+        let reason = sse::final_reason(self.finish, self.completed);
         out.push_back(Ok(ModelEvent::Finished(reason)));
-    }
-
-    /// The body ended without `[DONE]`: fine after a finish reason, else the connection was
-    /// cut.
-    fn on_end(&mut self, out: &mut Out) {
-        if self.finish.is_some() {
-            self.finish_events(out);
-        } else {
-            out.push_back(Err(self.error(
-                ErrorClass::Transport,
-                "connection closed before the end of the stream",
-            )));
-        }
     }
 }
 
