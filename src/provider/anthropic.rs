@@ -28,8 +28,9 @@ use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::http::{self, Answer, Deadlines, ReadError, excerpt, with_timeouts};
+use super::http::{self, Deadlines, ReadError, excerpt, with_timeouts};
 use super::sse::{self, Out, Step, StreamParser};
+use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
 use crate::config::{ProviderConfig, Secret, TimeoutConfig};
 use crate::domain::{
@@ -110,34 +111,11 @@ impl Anthropic {
         if let Some(key) = &self.api_key {
             builder = builder.header("x-api-key", key.0.expose_secret());
         }
-        match http::send(&self.id, builder, deadlines).await? {
-            Answer::Stream(response) => Ok(response),
-            Answer::Error {
-                status,
-                retry_after,
-                body,
-            } => {
-                let detail = ErrorDetail::from_body(&body);
-                let message = match &detail.message {
-                    Some(message) => excerpt(message),
-                    None => {
-                        let body = excerpt(&String::from_utf8_lossy(&body));
-                        if body.is_empty() {
-                            format!("HTTP {status}")
-                        } else {
-                            body
-                        }
-                    }
-                };
-                Err(ProviderError {
-                    provider: self.id.clone(),
-                    class: classify(Some(status), &detail),
-                    status: Some(status),
-                    message,
-                    retry_after,
-                })
-            }
-        }
+        http::send(&self.id, builder, deadlines, |status, body| {
+            let detail = ErrorDetail::from_body(body);
+            (classify(Some(status), &detail), detail.message)
+        })
+        .await
     }
 }
 
@@ -368,19 +346,6 @@ fn tool_result(message: &Message) -> Value {
         block["is_error"] = json!(true);
     }
     block
-}
-
-/// Text and JSON parts as one string (JSON serialized), in order; images left out.
-fn text_of(parts: &[ContentPart]) -> String {
-    let mut text = String::new();
-    for part in parts {
-        match part {
-            ContentPart::Text { text: t } => text.push_str(t),
-            ContentPart::Json { value } => text.push_str(&value.to_string()),
-            ContentPart::Image { .. } => {}
-        }
-    }
-    text
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -217,32 +217,23 @@ pub(super) fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Clien
         })
 }
 
-/// What a sent request came back with.
-#[derive(Debug)]
-pub(super) enum Answer {
-    /// A 2xx answer whose body is not `application/json`: the event stream.
-    Stream(reqwest::Response),
-    /// A non-2xx answer, for the adapter to classify by its wire format's error body.
-    Error {
-        /// The HTTP status.
-        status: u16,
-        /// `retry-after-ms` / `retry-after`, when given.
-        retry_after: Option<Duration>,
-        /// At most [`MAX_ERROR_BODY_BYTES`] of the body.
-        body: Vec<u8>,
-    },
-}
-
-/// Sends a request and waits for its answer until the first-byte (or total) deadline.
+/// Sends a request and waits for its answer until the first-byte (or total) deadline. A 2xx
+/// answer whose body is not `application/json` is the event stream; of any other answer at
+/// most [`MAX_ERROR_BODY_BYTES`] of the body are read and handed, with the status, to
+/// `read_error`, which classifies them by the wire format's error body and returns the
+/// provider's own message when it gave one.
 ///
 /// # Errors
 /// `timeout` when a deadline fires, `transport` when the connection fails, `server` for a
-/// 2xx `application/json` answer where an event stream was asked for.
+/// 2xx `application/json` answer where an event stream was asked for, and `read_error`'s
+/// class for a non-2xx answer, with its status, `retry-after-ms` / `retry-after` and message
+/// (see [`error_message`]).
 pub(super) async fn send(
     id: &str,
     builder: reqwest::RequestBuilder,
     deadlines: &Deadlines,
-) -> Result<Answer, ProviderError> {
+    read_error: impl FnOnce(u16, &[u8]) -> (ErrorClass, Option<String>),
+) -> Result<reqwest::Response, ProviderError> {
     let (deadline, which) = deadlines.first_byte();
     let response = match tokio::time::timeout_at(deadline, builder.send()).await {
         Err(_) => return Err(ProviderError::new(id, ErrorClass::Timeout, which)),
@@ -266,15 +257,33 @@ pub(super) async fn send(
                 )
             });
         }
-        return Ok(Answer::Stream(response));
+        return Ok(response);
     }
+    let status = status.as_u16();
     let retry_after = retry_after(response.headers());
     let body = read_bounded(response, deadlines.total).await;
-    Ok(Answer::Error {
-        status: status.as_u16(),
+    let (class, message) = read_error(status, &body);
+    Err(ProviderError {
+        provider: id.to_owned(),
+        class,
+        status: Some(status),
+        message: error_message(message.as_deref(), &body, status),
         retry_after,
-        body,
     })
+}
+
+/// The message of an error answer: the provider's `message`, else an excerpt of the body,
+/// else `HTTP {status}`; at most [`EXCERPT_CHARS`] characters either way.
+pub(super) fn error_message(message: Option<&str>, body: &[u8], status: u16) -> String {
+    if let Some(message) = message {
+        return excerpt(message);
+    }
+    let body = excerpt(&String::from_utf8_lossy(body));
+    if body.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        body
+    }
 }
 
 fn request_error(id: &str, error: &reqwest::Error, deadlines: &Deadlines) -> ProviderError {

@@ -13,8 +13,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 pub use super::http::ReadError;
-use super::http::{self, Answer, Deadlines, excerpt, with_timeouts};
+use super::http::{self, Deadlines, excerpt, with_timeouts};
 use super::sse::{self, Out, Step, StreamParser};
+use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
 use crate::config::{ProviderConfig, Secret, TimeoutConfig};
 use crate::domain::{
@@ -70,23 +71,11 @@ impl OpenAi {
         if let Some(key) = &self.api_key {
             builder = builder.bearer_auth(key.0.expose_secret());
         }
-        match http::send(&self.id, builder, deadlines).await? {
-            Answer::Stream(response) => Ok(response),
-            Answer::Error {
-                status,
-                retry_after,
-                body,
-            } => {
-                let detail = ErrorDetail::from_body(&body);
-                Err(ProviderError {
-                    provider: self.id.clone(),
-                    class: classify(Some(status), &detail),
-                    status: Some(status),
-                    message: detail.message_or(&body, status),
-                    retry_after,
-                })
-            }
-        }
+        http::send(&self.id, builder, deadlines, |status, body| {
+            let detail = ErrorDetail::from_body(body);
+            (classify(Some(status), &detail), detail.message)
+        })
+        .await
     }
 }
 
@@ -169,19 +158,6 @@ impl ErrorDetail {
         .iter()
         .any(|phrase| message.contains(phrase))
     }
-
-    /// The provider's message, else an excerpt of the body, else the status text.
-    fn message_or(&self, body: &[u8], status: u16) -> String {
-        if let Some(message) = &self.message {
-            return excerpt(message);
-        }
-        let body = excerpt(&String::from_utf8_lossy(body));
-        if body.is_empty() {
-            format!("HTTP {status}")
-        } else {
-            body
-        }
-    }
 }
 
 /// The class of an error answer: by HTTP status when there is one, else by the error's
@@ -247,19 +223,6 @@ fn request_body(request: &ModelRequest) -> Value {
         body.insert("tool_choice".to_owned(), choice);
     }
     Value::Object(body)
-}
-
-/// Text and JSON parts as one string (JSON serialized), in order; images left out.
-fn text_of(parts: &[ContentPart]) -> String {
-    let mut text = String::new();
-    for part in parts {
-        match part {
-            ContentPart::Text { text: t } => text.push_str(t),
-            ContentPart::Json { value } => text.push_str(&value.to_string()),
-            ContentPart::Image { .. } => {}
-        }
-    }
-    text
 }
 
 /// A system or user message's `content`: a string, or an array of `text`/`image_url` parts

@@ -14,7 +14,7 @@ use reqwest::header::HeaderMap;
 use super::*;
 use crate::domain::{MessageId, RunId, SessionId};
 use crate::provider::ToolSpec;
-use crate::provider::http::{EXCERPT_CHARS, retry_after};
+use crate::provider::http::{EXCERPT_CHARS, error_message, retry_after};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Item = Result<ModelEvent, ProviderError>;
@@ -663,18 +663,20 @@ fn statuses_are_classified() {
 
 #[test]
 fn error_messages_prefer_the_provider_message() {
+    let message_or = |detail: ErrorDetail, body: &[u8], status| {
+        error_message(detail.message.as_deref(), body, status)
+    };
     let detail = ErrorDetail::from_body(br#"{"error":{"message":"Incorrect API key provided"}}"#);
-    assert_eq!(detail.message_or(b"", 401), "Incorrect API key provided");
+    assert_eq!(message_or(detail, b"", 401), "Incorrect API key provided");
     let body = b"<html>upstream error</html>";
     assert_eq!(
-        ErrorDetail::from_body(body).message_or(body, 502),
+        message_or(ErrorDetail::from_body(body), body, 502),
         "<html>upstream error</html>"
     );
-    assert_eq!(ErrorDetail::default().message_or(b"", 500), "HTTP 500");
+    assert_eq!(message_or(ErrorDetail::default(), b"", 500), "HTTP 500");
     let long = "x".repeat(1000);
     assert_eq!(
-        ErrorDetail::default()
-            .message_or(long.as_bytes(), 500)
+        message_or(ErrorDetail::default(), long.as_bytes(), 500)
             .chars()
             .count(),
         EXCERPT_CHARS + 1
