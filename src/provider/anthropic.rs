@@ -23,16 +23,14 @@
 
 use async_trait::async_trait;
 use futures::Stream;
-use reqwest::header::ACCEPT;
-use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::http::{self, Deadlines, ReadError, excerpt, with_timeouts};
+use super::http::{Endpoint, ReadError, excerpt};
 use super::sse::{self, Out, Step, StreamParser};
 use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
-use crate::config::{ProviderConfig, Secret, TimeoutConfig};
+use crate::config::ProviderConfig;
 use crate::domain::{
     ContentPart, FinishReason, Message, Role, TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
 };
@@ -49,12 +47,7 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// without retries.
 #[derive(Debug)]
 pub struct Anthropic {
-    id: String,
-    client: reqwest::Client,
-    /// Base URL without a trailing `/`, e.g. `https://api.anthropic.com/v1`.
-    base_url: String,
-    api_key: Option<Secret>,
-    timeouts: TimeoutConfig,
+    endpoint: Endpoint,
     /// Configured `max_output_tokens` per model, for requests without their own limit.
     max_tokens: Vec<(String, u32)>,
 }
@@ -67,11 +60,7 @@ impl Anthropic {
     /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
     pub fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
         Ok(Self {
-            id: id.to_owned(),
-            client: http::client(id, config)?,
-            base_url: config.base_url.trim_end_matches('/').to_owned(),
-            api_key: config.api_key.clone(),
-            timeouts: config.timeouts,
+            endpoint: Endpoint::new(id, config)?,
             max_tokens: config
                 .models
                 .iter()
@@ -90,44 +79,29 @@ impl Anthropic {
                 .map_or(DEFAULT_MAX_TOKENS, |(_, max)| *max)
         })
     }
-
-    /// Sends one request body and returns the response once its status is a success.
-    ///
-    /// # Errors
-    /// `timeout` when a deadline fires, `transport` when the connection fails, and the class
-    /// of the error body (see [`classify`]) for a non-2xx answer.
-    async fn send(
-        &self,
-        body: &Value,
-        deadlines: &Deadlines,
-    ) -> Result<reqwest::Response, ProviderError> {
-        let url = format!("{}/messages", self.base_url);
-        let mut builder = self
-            .client
-            .post(url)
-            .header(ACCEPT, "text/event-stream")
-            .header("anthropic-version", ANTHROPIC_VERSION)
-            .json(body);
-        if let Some(key) = &self.api_key {
-            builder = builder.header("x-api-key", key.0.expose_secret());
-        }
-        http::send(&self.id, builder, deadlines, |status, body| {
-            let detail = ErrorDetail::from_body(body);
-            (classify(Some(status), &detail), detail.message)
-        })
-        .await
-    }
 }
 
 #[async_trait]
 impl Provider for Anthropic {
-    #[tracing::instrument(skip_all, fields(provider = %self.id, model = %request.model))]
+    #[tracing::instrument(skip_all, fields(provider = %self.endpoint.id, model = %request.model))]
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        let deadlines = Deadlines::start(&self.timeouts);
         let body = request_body(&request, self.max_tokens(&request));
-        let response = self.send(&body, &deadlines).await?;
-        let bytes = with_timeouts(response.bytes_stream(), deadlines);
-        Ok(parse_stream(&self.id, bytes))
+        let mut builder = self
+            .endpoint
+            .post("/messages", &body)
+            .header("anthropic-version", ANTHROPIC_VERSION);
+        if let Some(key) = self.endpoint.api_key() {
+            builder = builder.header("x-api-key", key);
+        }
+        // A non-2xx answer is classified by its error type, then its status.
+        let bytes = self
+            .endpoint
+            .open(builder, |status, body| {
+                let detail = ErrorDetail::from_body(body);
+                (classify(Some(status), &detail), detail.message)
+            })
+            .await?;
+        Ok(parse_stream(&self.endpoint.id, bytes))
     }
 }
 

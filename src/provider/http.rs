@@ -6,11 +6,12 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap};
+use secrecy::ExposeSecret;
 use tokio::time::Instant;
 
 use super::{ErrorClass, ProviderError};
-use crate::config::{ProviderConfig, TimeoutConfig};
+use crate::config::{ProviderConfig, Secret, TimeoutConfig};
 
 /// Most bytes of an error response body read for its message (64 KiB).
 pub(super) const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -199,11 +200,73 @@ impl From<Infallible> for ReadError {
     }
 }
 
+/// Where and how an adapter calls its provider: the provider id, the HTTP client, the base
+/// URL, the API key and the deadlines of each call.
+#[derive(Debug)]
+pub(super) struct Endpoint {
+    /// The provider id, for errors and logs.
+    pub(super) id: String,
+    client: reqwest::Client,
+    /// Base URL without a trailing `/`, e.g. `https://api.openai.com/v1`.
+    pub(super) base_url: String,
+    api_key: Option<Secret>,
+    timeouts: TimeoutConfig,
+}
+
+impl Endpoint {
+    /// An HTTP client with the configured connect timeout (ms), the base URL (trailing `/`
+    /// trimmed) and the API key.
+    ///
+    /// # Errors
+    /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
+    pub(super) fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
+        Ok(Self {
+            id: id.to_owned(),
+            client: client(id, config)?,
+            base_url: config.base_url.trim_end_matches('/').to_owned(),
+            api_key: config.api_key.clone(),
+            timeouts: config.timeouts,
+        })
+    }
+
+    /// The API key, when configured, for the wire format's credential header.
+    pub(super) fn api_key(&self) -> Option<&str> {
+        self.api_key.as_ref().map(|key| key.0.expose_secret())
+    }
+
+    /// `POST {base_url}{path}` (path with its leading `/`) of a JSON body, asking for an event
+    /// stream.
+    pub(super) fn post(&self, path: &str, body: &serde_json::Value) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.base_url))
+            .header(ACCEPT, "text/event-stream")
+            .json(body)
+    }
+
+    /// Sends a request (see [`send`]; `read_error` classifies an error answer) and returns
+    /// its event-stream body under the first-byte, idle and total deadlines, which start now.
+    ///
+    /// # Errors
+    /// As [`send`].
+    pub(super) async fn open(
+        &self,
+        builder: reqwest::RequestBuilder,
+        read_error: impl FnOnce(u16, &[u8]) -> (ErrorClass, Option<String>),
+    ) -> Result<
+        impl Stream<Item = Result<impl AsRef<[u8]> + Send + 'static, ReadError>> + Send + 'static,
+        ProviderError,
+    > {
+        let deadlines = Deadlines::start(&self.timeouts);
+        let response = send(&self.id, builder, &deadlines, read_error).await?;
+        Ok(with_timeouts(response.bytes_stream(), deadlines))
+    }
+}
+
 /// An HTTP client with the provider's connect timeout (ms) and behest's user agent.
 ///
 /// # Errors
 /// A [`ProviderError`] of class `invalid_request` when the client cannot be built.
-pub(super) fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Client, ProviderError> {
+fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Client, ProviderError> {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(config.timeouts.connect_ms))
         .user_agent(concat!("behest/", env!("CARGO_PKG_VERSION")))
@@ -228,7 +291,7 @@ pub(super) fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Clien
 /// 2xx `application/json` answer where an event stream was asked for, and `read_error`'s
 /// class for a non-2xx answer, with its status, `retry-after-ms` / `retry-after` and message
 /// (see [`error_message`]).
-pub(super) async fn send(
+async fn send(
     id: &str,
     builder: reqwest::RequestBuilder,
     deadlines: &Deadlines,

@@ -7,17 +7,15 @@
 
 use async_trait::async_trait;
 use futures::Stream;
-use reqwest::header::ACCEPT;
-use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 pub use super::http::ReadError;
-use super::http::{self, Deadlines, excerpt, with_timeouts};
+use super::http::{Endpoint, excerpt};
 use super::sse::{self, Out, Step, StreamParser};
 use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
-use crate::config::{ProviderConfig, Secret, TimeoutConfig};
+use crate::config::ProviderConfig;
 use crate::domain::{
     ContentPart, FinishReason, Message, Role, TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
 };
@@ -27,12 +25,7 @@ use crate::events::CacheMetrics;
 /// [`Provider::stream`], without retries.
 #[derive(Debug)]
 pub struct OpenAi {
-    id: String,
-    client: reqwest::Client,
-    /// Base URL without a trailing `/`, e.g. `https://api.openai.com/v1`.
-    base_url: String,
-    api_key: Option<Secret>,
-    timeouts: TimeoutConfig,
+    endpoint: Endpoint,
 }
 
 impl OpenAi {
@@ -43,51 +36,30 @@ impl OpenAi {
     /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
     pub fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
         Ok(Self {
-            id: id.to_owned(),
-            client: http::client(id, config)?,
-            base_url: config.base_url.trim_end_matches('/').to_owned(),
-            api_key: config.api_key.clone(),
-            timeouts: config.timeouts,
+            endpoint: Endpoint::new(id, config)?,
         })
-    }
-
-    /// Sends one request body and returns the response once its status is a success; the
-    /// part a retry policy wraps. Waits at most until the first-byte (or total) deadline.
-    ///
-    /// # Errors
-    /// `timeout` when a deadline fires, `transport` when the connection fails, and the class
-    /// of the status (see [`classify`]) for a non-2xx answer.
-    async fn send(
-        &self,
-        body: &Value,
-        deadlines: &Deadlines,
-    ) -> Result<reqwest::Response, ProviderError> {
-        let url = format!("{}/chat/completions", self.base_url);
-        let mut builder = self
-            .client
-            .post(url)
-            .header(ACCEPT, "text/event-stream")
-            .json(body);
-        if let Some(key) = &self.api_key {
-            builder = builder.bearer_auth(key.0.expose_secret());
-        }
-        http::send(&self.id, builder, deadlines, |status, body| {
-            let detail = ErrorDetail::from_body(body);
-            (classify(Some(status), &detail), detail.message)
-        })
-        .await
     }
 }
 
 #[async_trait]
 impl Provider for OpenAi {
-    #[tracing::instrument(skip_all, fields(provider = %self.id, model = %request.model))]
+    #[tracing::instrument(skip_all, fields(provider = %self.endpoint.id, model = %request.model))]
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        let deadlines = Deadlines::start(&self.timeouts);
-        let body = request_body(&request);
-        let response = self.send(&body, &deadlines).await?;
-        let bytes = with_timeouts(response.bytes_stream(), deadlines);
-        Ok(parse_stream(&self.id, bytes))
+        let mut builder = self
+            .endpoint
+            .post("/chat/completions", &request_body(&request));
+        if let Some(key) = self.endpoint.api_key() {
+            builder = builder.bearer_auth(key);
+        }
+        // A non-2xx answer is classified by its status, then its error code.
+        let bytes = self
+            .endpoint
+            .open(builder, |status, body| {
+                let detail = ErrorDetail::from_body(body);
+                (classify(Some(status), &detail), detail.message)
+            })
+            .await?;
+        Ok(parse_stream(&self.endpoint.id, bytes))
     }
 }
 

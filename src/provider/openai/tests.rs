@@ -12,9 +12,10 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 
 use super::*;
+use crate::config::TimeoutConfig;
 use crate::domain::{MessageId, RunId, SessionId};
 use crate::provider::ToolSpec;
-use crate::provider::http::{EXCERPT_CHARS, error_message, retry_after};
+use crate::provider::http::{Deadlines, EXCERPT_CHARS, error_message, retry_after, with_timeouts};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Item = Result<ModelEvent, ProviderError>;
@@ -870,6 +871,6 @@ fn adapter_keeps_the_base_url_without_trailing_slash() -> TestResult {
     )?;
     let provider = config.providers.get("p").ok_or("no provider")?;
     let adapter = OpenAi::new("p", provider)?;
-    assert_eq!(adapter.base_url, "http://127.0.0.1:9/v1");
+    assert_eq!(adapter.endpoint.base_url, "http://127.0.0.1:9/v1");
     Ok(())
 }
