@@ -6,6 +6,8 @@ mod http;
 pub mod openai;
 pub mod retry;
 mod sse;
+#[cfg(test)]
+mod testing;
 
 use std::fmt;
 use std::sync::Arc;

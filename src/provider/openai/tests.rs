@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 
-use chrono::Utc;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -13,38 +12,23 @@ use reqwest::header::HeaderMap;
 
 use super::*;
 use crate::config::TimeoutConfig;
-use crate::domain::{MessageId, RunId, SessionId};
 use crate::provider::ToolSpec;
 use crate::provider::http::{Deadlines, EXCERPT_CHARS, error_message, retry_after, with_timeouts};
+use crate::provider::testing::*;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-type Item = Result<ModelEvent, ProviderError>;
-
 const TEXT: &str = include_str!("../../../tests/fixtures/openai/text.sse");
 const TOOL_CALL: &str = include_str!("../../../tests/fixtures/openai/tool_call.sse");
 const PARALLEL: &str = include_str!("../../../tests/fixtures/openai/parallel_tool_calls.sse");
 const ERROR_IN_STREAM: &str = include_str!("../../../tests/fixtures/openai/error_in_stream.sse");
 const MALFORMED: &str = include_str!("../../../tests/fixtures/openai/malformed.sse");
 
-/// Runs the parser over the given reads.
 fn parse_reads(reads: Vec<Vec<u8>>) -> Vec<Item> {
-    let bytes = futures::stream::iter(reads.into_iter().map(Ok::<_, Infallible>));
-    futures::executor::block_on(parse_stream("test", bytes).collect())
+    parse_reads_with(parse_stream, reads)
 }
 
 fn parse(body: &str) -> Vec<Item> {
     parse_reads(vec![body.as_bytes().to_vec()])
-}
-
-/// The body in two reads, split at `at` bytes (possibly inside a UTF-8 character).
-fn split(body: &[u8], at: usize) -> Vec<Vec<u8>> {
-    let (a, b) = body.split_at(at);
-    vec![a.to_vec(), b.to_vec()]
-}
-
-/// The body one byte per read.
-fn bytewise(body: &[u8]) -> Vec<Vec<u8>> {
-    body.iter().map(|b| vec![*b]).collect()
 }
 
 /// A `data:` line of a chunk with one choice.
@@ -64,32 +48,6 @@ fn done() -> String {
     "data: [DONE]\n\n".to_owned()
 }
 
-fn text(s: &str) -> Item {
-    Ok(ModelEvent::TextDelta(s.to_owned()))
-}
-
-fn started(id: &str, name: &str) -> Item {
-    Ok(ModelEvent::ToolCallStarted {
-        call_id: id.to_owned(),
-        tool_name: name.to_owned(),
-    })
-}
-
-fn delta(id: &str, piece: &str) -> Item {
-    Ok(ModelEvent::ToolCallDelta {
-        call_id: id.to_owned(),
-        delta: piece.to_owned(),
-    })
-}
-
-fn completed(id: &str, name: &str, arguments: Value) -> Item {
-    Ok(ModelEvent::ToolCallCompleted(ToolCall {
-        id: id.to_owned(),
-        name: name.to_owned(),
-        arguments,
-    }))
-}
-
 fn usage(input: u64, output: u64, cached: Option<u64>) -> Item {
     Ok(ModelEvent::Usage {
         usage: TokenUsage {
@@ -104,10 +62,6 @@ fn usage(input: u64, output: u64, cached: Option<u64>) -> Item {
     })
 }
 
-fn finished(reason: FinishReason) -> Item {
-    Ok(ModelEvent::Finished(reason))
-}
-
 fn text_events() -> Vec<Item> {
     let mut events: Vec<Item> = ["H", "éllo", " wö", "rld", " —", " 你", "好", " 🌍", "!"]
         .into_iter()
@@ -116,17 +70,6 @@ fn text_events() -> Vec<Item> {
     events.push(usage(19, 11, Some(0)));
     events.push(finished(FinishReason::Stop));
     events
-}
-
-/// Concatenated text deltas.
-fn joined_text(events: &[Item]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Ok(ModelEvent::TextDelta(t)) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn error_of(events: &[Item]) -> Option<&ProviderError> {
@@ -699,26 +642,6 @@ fn retry_after_headers_are_read() -> TestResult {
 }
 
 // --- request mapping -------------------------------------------------------------------------
-
-fn message(role: Role, content: Vec<ContentPart>) -> Message {
-    Message {
-        id: MessageId::new(),
-        session_id: SessionId::new(),
-        run_id: RunId::new(),
-        role,
-        content,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        tool_name: None,
-        created_at: Utc::now(),
-    }
-}
-
-fn text_part(text: &str) -> ContentPart {
-    ContentPart::Text {
-        text: text.to_owned(),
-    }
-}
 
 fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice) -> ModelRequest {
     ModelRequest {
