@@ -6,33 +6,22 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use chrono::Utc;
-use futures::StreamExt;
 use secrecy::SecretString;
 use serde_json::{Value, json};
 
 use behest::config::{
     ModelConfig, ProviderConfig, ProviderKind, RetryConfig, Secret, TimeoutConfig,
 };
-use behest::domain::{
-    ContentPart, FinishReason, Message, MessageId, Role, RunId, SessionId, ToolCall, ToolChoice,
-    ToolChoiceMode,
-};
+use behest::domain::{FinishReason, Role, ToolCall, ToolChoice, ToolChoiceMode};
 use behest::provider::{ErrorClass, ModelEvent, ModelRequest, Provider, ProviderError, ToolSpec};
-use support::fake_openai::{FakeOpenAi, Reply, fixture, refused_base_url, text_stream};
+use support::fake_openai::{
+    FakeOpenAi, Reply, failure, fixture, message, refused_base_url, run, text_of, text_stream,
+    timeouts,
+};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const API_KEY: &str = "sk-test-0123456789";
-
-fn timeouts() -> TimeoutConfig {
-    TimeoutConfig {
-        connect_ms: 2_000,
-        first_byte_ms: 5_000,
-        idle_ms: 5_000,
-        total_ms: 30_000,
-    }
-}
 
 fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
     ProviderConfig {
@@ -60,22 +49,6 @@ fn provider(base_url: &str) -> Result<std::sync::Arc<dyn Provider>, ProviderErro
     behest::provider::build("fake", &config(base_url, timeouts()))
 }
 
-fn message(role: Role, text: &str) -> Message {
-    Message {
-        id: MessageId::new(),
-        session_id: SessionId::new(),
-        run_id: RunId::new(),
-        role,
-        content: vec![ContentPart::Text {
-            text: text.to_owned(),
-        }],
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        tool_name: None,
-        created_at: Utc::now(),
-    }
-}
-
 fn hello() -> ModelRequest {
     ModelRequest {
         model: "gpt-4o-mini".to_owned(),
@@ -83,40 +56,6 @@ fn hello() -> ModelRequest {
         tools: Vec::new(),
         tool_choice: ToolChoice::default(),
         max_output_tokens: None,
-    }
-}
-
-/// The events of one call up to its first error, and that error.
-async fn run(
-    provider: &dyn Provider,
-    request: ModelRequest,
-) -> Result<(Vec<ModelEvent>, Option<ProviderError>), ProviderError> {
-    let mut stream = provider.stream(request).await?;
-    let mut events = Vec::new();
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(event) => events.push(event),
-            Err(error) => return Ok((events, Some(error))),
-        }
-    }
-    Ok((events, None))
-}
-
-fn text_of(events: &[ModelEvent]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            ModelEvent::TextDelta(t) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The error of a call that fails before or during its stream.
-async fn failure(provider: &dyn Provider, request: ModelRequest) -> Option<ProviderError> {
-    match run(provider, request).await {
-        Err(error) => Some(error),
-        Ok((_, error)) => error,
     }
 }
 

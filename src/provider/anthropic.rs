@@ -21,19 +21,16 @@
 //! - A tool call cut off by `max_tokens` is never completed: the last tool_use block is held
 //!   back until the stop reason is known and dropped when it is `max_tokens`.
 
-use std::collections::VecDeque;
-
 use async_trait::async_trait;
-use eventsource_stream::{EventStreamError, Eventsource};
-use futures::{Stream, StreamExt};
-use reqwest::header::ACCEPT;
-use secrecy::ExposeSecret;
+use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::http::{self, Answer, Deadlines, ReadError, excerpt, with_timeouts};
+use super::http::{Endpoint, ReadError, excerpt};
+use super::sse::{self, Out, Step, StreamParser};
+use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
-use crate::config::{ProviderConfig, Secret, TimeoutConfig};
+use crate::config::ProviderConfig;
 use crate::domain::{
     ContentPart, FinishReason, Message, Role, TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
 };
@@ -50,12 +47,7 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// without retries.
 #[derive(Debug)]
 pub struct Anthropic {
-    id: String,
-    client: reqwest::Client,
-    /// Base URL without a trailing `/`, e.g. `https://api.anthropic.com/v1`.
-    base_url: String,
-    api_key: Option<Secret>,
-    timeouts: TimeoutConfig,
+    endpoint: Endpoint,
     /// Configured `max_output_tokens` per model, for requests without their own limit.
     max_tokens: Vec<(String, u32)>,
 }
@@ -68,11 +60,7 @@ impl Anthropic {
     /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
     pub fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
         Ok(Self {
-            id: id.to_owned(),
-            client: http::client(id, config)?,
-            base_url: config.base_url.trim_end_matches('/').to_owned(),
-            api_key: config.api_key.clone(),
-            timeouts: config.timeouts,
+            endpoint: Endpoint::new(id, config)?,
             max_tokens: config
                 .models
                 .iter()
@@ -91,67 +79,29 @@ impl Anthropic {
                 .map_or(DEFAULT_MAX_TOKENS, |(_, max)| *max)
         })
     }
-
-    /// Sends one request body and returns the response once its status is a success.
-    ///
-    /// # Errors
-    /// `timeout` when a deadline fires, `transport` when the connection fails, and the class
-    /// of the error body (see [`classify`]) for a non-2xx answer.
-    async fn send(
-        &self,
-        body: &Value,
-        deadlines: &Deadlines,
-    ) -> Result<reqwest::Response, ProviderError> {
-        let url = format!("{}/messages", self.base_url);
-        let mut builder = self
-            .client
-            .post(url)
-            .header(ACCEPT, "text/event-stream")
-            .header("anthropic-version", ANTHROPIC_VERSION)
-            .json(body);
-        if let Some(key) = &self.api_key {
-            builder = builder.header("x-api-key", key.0.expose_secret());
-        }
-        match http::send(&self.id, builder, deadlines).await? {
-            Answer::Stream(response) => Ok(response),
-            Answer::Error {
-                status,
-                retry_after,
-                body,
-            } => {
-                let detail = ErrorDetail::from_body(&body);
-                let message = match &detail.message {
-                    Some(message) => excerpt(message),
-                    None => {
-                        let body = excerpt(&String::from_utf8_lossy(&body));
-                        if body.is_empty() {
-                            format!("HTTP {status}")
-                        } else {
-                            body
-                        }
-                    }
-                };
-                Err(ProviderError {
-                    provider: self.id.clone(),
-                    class: classify(Some(status), &detail),
-                    status: Some(status),
-                    message,
-                    retry_after,
-                })
-            }
-        }
-    }
 }
 
 #[async_trait]
 impl Provider for Anthropic {
-    #[tracing::instrument(skip_all, fields(provider = %self.id, model = %request.model))]
+    #[tracing::instrument(skip_all, fields(provider = %self.endpoint.id, model = %request.model))]
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        let deadlines = Deadlines::start(&self.timeouts);
         let body = request_body(&request, self.max_tokens(&request));
-        let response = self.send(&body, &deadlines).await?;
-        let bytes = with_timeouts(response.bytes_stream(), deadlines);
-        Ok(parse_stream(&self.id, bytes))
+        let mut builder = self
+            .endpoint
+            .post("/messages", &body)
+            .header("anthropic-version", ANTHROPIC_VERSION);
+        if let Some(key) = self.endpoint.api_key() {
+            builder = builder.header("x-api-key", key);
+        }
+        // A non-2xx answer is classified by its error type, then its status.
+        let bytes = self
+            .endpoint
+            .open(builder, |status, body| {
+                let detail = ErrorDetail::from_body(body);
+                (classify(Some(status), &detail), detail.message)
+            })
+            .await?;
+        Ok(parse_stream(&self.endpoint.id, bytes))
     }
 }
 
@@ -372,19 +322,6 @@ fn tool_result(message: &Message) -> Value {
     block
 }
 
-/// Text and JSON parts as one string (JSON serialized), in order; images left out.
-fn text_of(parts: &[ContentPart]) -> String {
-    let mut text = String::new();
-    for part in parts {
-        match part {
-            ContentPart::Text { text: t } => text.push_str(t),
-            ContentPart::Json { value } => text.push_str(&value.to_string()),
-            ContentPart::Image { .. } => {}
-        }
-    }
-    text
-}
-
 // ---------------------------------------------------------------------------------------------
 // Response stream
 
@@ -399,55 +336,7 @@ where
     B: AsRef<[u8]> + Send + 'static,
     E: Into<ReadError> + Send + 'static,
 {
-    let driver = Driver {
-        events: Box::pin(bytes.eventsource()),
-        parser: Parser::new(provider),
-        out: VecDeque::new(),
-        ended: false,
-    };
-    futures::stream::unfold(driver, |mut driver| async move {
-        loop {
-            if let Some(item) = driver.out.pop_front() {
-                return Some((item, driver));
-            }
-            if driver.ended {
-                return None;
-            }
-            match driver.events.next().await {
-                None => {
-                    driver.ended = true;
-                    driver.parser.on_end(&mut driver.out);
-                }
-                Some(Err(error)) => {
-                    driver.ended = true;
-                    let error = driver.parser.read_error(error);
-                    driver.out.push_back(Err(error));
-                }
-                Some(Ok(event)) => {
-                    let step = driver
-                        .parser
-                        .on_event(&event.event, &event.data, &mut driver.out);
-                    driver.ended = step == Step::End;
-                }
-            }
-        }
-    })
-    .boxed()
-}
-
-type Out = VecDeque<Result<ModelEvent, ProviderError>>;
-
-struct Driver<S> {
-    events: std::pin::Pin<Box<eventsource_stream::EventStream<S>>>,
-    parser: Parser,
-    out: Out,
-    ended: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Continue,
-    End,
+    sse::parse(bytes, Parser::new(provider))
 }
 
 /// One event's data, leniently: every field may be absent.
@@ -560,88 +449,6 @@ impl Parser {
 
     fn error(&self, class: ErrorClass, message: impl Into<String>) -> ProviderError {
         ProviderError::new(&self.provider, class, message)
-    }
-
-    fn read_error<E: Into<ReadError>>(&self, error: EventStreamError<E>) -> ProviderError {
-        match error {
-            EventStreamError::Transport(error) => {
-                let error = error.into();
-                self.error(error.class, error.message)
-            }
-            EventStreamError::Utf8(error) => {
-                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
-            }
-            EventStreamError::Parser(error) => {
-                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
-            }
-        }
-    }
-
-    /// Handles one SSE event; its data's `type` decides, the SSE event name is the fallback.
-    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step {
-        if data.trim().is_empty() {
-            return Step::Continue;
-        }
-        let parsed: Data = match serde_json::from_str(data) {
-            Ok(parsed) => parsed,
-            Err(_) if event == "error" => {
-                let detail = ErrorDetail {
-                    kind: None,
-                    message: Some(excerpt(data)),
-                };
-                out.push_back(Err(self.error(classify(None, &detail), excerpt(data))));
-                return Step::End;
-            }
-            Err(error) => {
-                out.push_back(Err(self.error(
-                    ErrorClass::Server,
-                    format!("malformed event: {error}: {}", excerpt(data)),
-                )));
-                return Step::End;
-            }
-        };
-        let kind = parsed.kind.clone().unwrap_or_else(|| event.to_owned());
-        match kind.as_str() {
-            "message_start" => {
-                if let Some(usage) = parsed.message.and_then(|m| m.usage) {
-                    self.add_usage(usage);
-                }
-            }
-            "content_block_start" => self.on_block_start(&parsed, out),
-            "content_block_delta" => self.on_block_delta(&parsed, out),
-            "content_block_stop" => self.on_block_stop(parsed.index),
-            "message_delta" => {
-                if let Some(usage) = parsed.usage {
-                    self.add_usage(usage);
-                }
-                let reason = parsed
-                    .delta
-                    .as_ref()
-                    .and_then(|d| d.get("stop_reason"))
-                    .and_then(Value::as_str);
-                if let Some(reason) = reason {
-                    self.stop_reason = Some(reason.to_owned());
-                    self.close_calls(out);
-                }
-            }
-            "message_stop" => {
-                self.finish_events(out);
-                return Step::End;
-            }
-            "error" => {
-                let detail =
-                    ErrorDetail::from_value(&serde_json::from_str(data).unwrap_or_default());
-                let message = detail
-                    .message
-                    .as_deref()
-                    .map_or_else(|| excerpt(data), excerpt);
-                out.push_back(Err(self.error(classify(None, &detail), message)));
-                return Step::End;
-            }
-            // `ping` and event types added to the API later are skipped, as the API asks.
-            _ => {}
-        }
-        Step::Continue
     }
 
     fn add_usage(&mut self, usage: Usage) {
@@ -790,32 +597,92 @@ impl Parser {
         }
         self.release_held(out);
     }
+}
 
-    /// Open calls closed, then `Usage` when reported, then `Finished`.
+impl StreamParser for Parser {
+    fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// Handles one SSE event; its data's `type` decides, the SSE event name is the fallback.
+    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step {
+        if data.trim().is_empty() {
+            return Step::Continue;
+        }
+        let parsed: Data = match serde_json::from_str(data) {
+            Ok(parsed) => parsed,
+            Err(_) if event == "error" => {
+                let detail = ErrorDetail {
+                    kind: None,
+                    message: Some(excerpt(data)),
+                };
+                out.push_back(Err(self.error(classify(None, &detail), excerpt(data))));
+                return Step::End;
+            }
+            Err(error) => {
+                out.push_back(Err(self.error(
+                    ErrorClass::Server,
+                    format!("malformed event: {error}: {}", excerpt(data)),
+                )));
+                return Step::End;
+            }
+        };
+        let kind = parsed.kind.clone().unwrap_or_else(|| event.to_owned());
+        match kind.as_str() {
+            "message_start" => {
+                if let Some(usage) = parsed.message.and_then(|m| m.usage) {
+                    self.add_usage(usage);
+                }
+            }
+            "content_block_start" => self.on_block_start(&parsed, out),
+            "content_block_delta" => self.on_block_delta(&parsed, out),
+            "content_block_stop" => self.on_block_stop(parsed.index),
+            "message_delta" => {
+                if let Some(usage) = parsed.usage {
+                    self.add_usage(usage);
+                }
+                let reason = parsed
+                    .delta
+                    .as_ref()
+                    .and_then(|d| d.get("stop_reason"))
+                    .and_then(Value::as_str);
+                if let Some(reason) = reason {
+                    self.stop_reason = Some(reason.to_owned());
+                    self.close_calls(out);
+                }
+            }
+            "message_stop" => {
+                self.finish_events(out);
+                return Step::End;
+            }
+            "error" => {
+                let detail =
+                    ErrorDetail::from_value(&serde_json::from_str(data).unwrap_or_default());
+                let message = detail
+                    .message
+                    .as_deref()
+                    .map_or_else(|| excerpt(data), excerpt);
+                out.push_back(Err(self.error(classify(None, &detail), message)));
+                return Step::End;
+            }
+            // `ping` and event types added to the API later are skipped, as the API asks.
+            _ => {}
+        }
+        Step::Continue
+    }
+
+    fn stop_known(&self) -> bool {
+        self.stop_reason.is_some()
+    }
+
     fn finish_events(&mut self, out: &mut Out) {
         self.close_calls(out);
         if let Some(usage) = self.usage.take() {
             out.push_back(Ok(usage.event()));
         }
-        let reason = match self.stop_reason.as_deref().map(stop_reason) {
-            Some(FinishReason::Stop) | None if self.completed > 0 => FinishReason::ToolCalls,
-            Some(reason) => reason,
-            None => FinishReason::Stop,
-        };
+        let reason =
+            sse::final_reason(self.stop_reason.as_deref().map(stop_reason), self.completed);
         out.push_back(Ok(ModelEvent::Finished(reason)));
-    }
-
-    /// The body ended without `message_stop`: fine after a stop reason, else the connection
-    /// was cut.
-    fn on_end(&mut self, out: &mut Out) {
-        if self.stop_reason.is_some() {
-            self.finish_events(out);
-        } else {
-            out.push_back(Err(self.error(
-                ErrorClass::Transport,
-                "connection closed before the end of the stream",
-            )));
-        }
     }
 }
 

@@ -6,11 +6,12 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap};
+use secrecy::ExposeSecret;
 use tokio::time::Instant;
 
 use super::{ErrorClass, ProviderError};
-use crate::config::{ProviderConfig, TimeoutConfig};
+use crate::config::{ProviderConfig, Secret, TimeoutConfig};
 
 /// Most bytes of an error response body read for its message (64 KiB).
 pub(super) const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -199,11 +200,73 @@ impl From<Infallible> for ReadError {
     }
 }
 
+/// Where and how an adapter calls its provider: the provider id, the HTTP client, the base
+/// URL, the API key and the deadlines of each call.
+#[derive(Debug)]
+pub(super) struct Endpoint {
+    /// The provider id, for errors and logs.
+    pub(super) id: String,
+    client: reqwest::Client,
+    /// Base URL without a trailing `/`, e.g. `https://api.openai.com/v1`.
+    pub(super) base_url: String,
+    api_key: Option<Secret>,
+    timeouts: TimeoutConfig,
+}
+
+impl Endpoint {
+    /// An HTTP client with the configured connect timeout (ms), the base URL (trailing `/`
+    /// trimmed) and the API key.
+    ///
+    /// # Errors
+    /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
+    pub(super) fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
+        Ok(Self {
+            id: id.to_owned(),
+            client: client(id, config)?,
+            base_url: config.base_url.trim_end_matches('/').to_owned(),
+            api_key: config.api_key.clone(),
+            timeouts: config.timeouts,
+        })
+    }
+
+    /// The API key, when configured, for the wire format's credential header.
+    pub(super) fn api_key(&self) -> Option<&str> {
+        self.api_key.as_ref().map(|key| key.0.expose_secret())
+    }
+
+    /// `POST {base_url}{path}` (path with its leading `/`) of a JSON body, asking for an event
+    /// stream.
+    pub(super) fn post(&self, path: &str, body: &serde_json::Value) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.base_url))
+            .header(ACCEPT, "text/event-stream")
+            .json(body)
+    }
+
+    /// Sends a request (see [`send`]; `read_error` classifies an error answer) and returns
+    /// its event-stream body under the first-byte, idle and total deadlines, which start now.
+    ///
+    /// # Errors
+    /// As [`send`].
+    pub(super) async fn open(
+        &self,
+        builder: reqwest::RequestBuilder,
+        read_error: impl FnOnce(u16, &[u8]) -> (ErrorClass, Option<String>),
+    ) -> Result<
+        impl Stream<Item = Result<impl AsRef<[u8]> + Send + 'static, ReadError>> + Send + 'static,
+        ProviderError,
+    > {
+        let deadlines = Deadlines::start(&self.timeouts);
+        let response = send(&self.id, builder, &deadlines, read_error).await?;
+        Ok(with_timeouts(response.bytes_stream(), deadlines))
+    }
+}
+
 /// An HTTP client with the provider's connect timeout (ms) and behest's user agent.
 ///
 /// # Errors
 /// A [`ProviderError`] of class `invalid_request` when the client cannot be built.
-pub(super) fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Client, ProviderError> {
+fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Client, ProviderError> {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(config.timeouts.connect_ms))
         .user_agent(concat!("behest/", env!("CARGO_PKG_VERSION")))
@@ -217,32 +280,23 @@ pub(super) fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Clien
         })
 }
 
-/// What a sent request came back with.
-#[derive(Debug)]
-pub(super) enum Answer {
-    /// A 2xx answer whose body is not `application/json`: the event stream.
-    Stream(reqwest::Response),
-    /// A non-2xx answer, for the adapter to classify by its wire format's error body.
-    Error {
-        /// The HTTP status.
-        status: u16,
-        /// `retry-after-ms` / `retry-after`, when given.
-        retry_after: Option<Duration>,
-        /// At most [`MAX_ERROR_BODY_BYTES`] of the body.
-        body: Vec<u8>,
-    },
-}
-
-/// Sends a request and waits for its answer until the first-byte (or total) deadline.
+/// Sends a request and waits for its answer until the first-byte (or total) deadline. A 2xx
+/// answer whose body is not `application/json` is the event stream; of any other answer at
+/// most [`MAX_ERROR_BODY_BYTES`] of the body are read and handed, with the status, to
+/// `read_error`, which classifies them by the wire format's error body and returns the
+/// provider's own message when it gave one.
 ///
 /// # Errors
 /// `timeout` when a deadline fires, `transport` when the connection fails, `server` for a
-/// 2xx `application/json` answer where an event stream was asked for.
-pub(super) async fn send(
+/// 2xx `application/json` answer where an event stream was asked for, and `read_error`'s
+/// class for a non-2xx answer, with its status, `retry-after-ms` / `retry-after` and message
+/// (see [`error_message`]).
+async fn send(
     id: &str,
     builder: reqwest::RequestBuilder,
     deadlines: &Deadlines,
-) -> Result<Answer, ProviderError> {
+    read_error: impl FnOnce(u16, &[u8]) -> (ErrorClass, Option<String>),
+) -> Result<reqwest::Response, ProviderError> {
     let (deadline, which) = deadlines.first_byte();
     let response = match tokio::time::timeout_at(deadline, builder.send()).await {
         Err(_) => return Err(ProviderError::new(id, ErrorClass::Timeout, which)),
@@ -266,15 +320,33 @@ pub(super) async fn send(
                 )
             });
         }
-        return Ok(Answer::Stream(response));
+        return Ok(response);
     }
+    let status = status.as_u16();
     let retry_after = retry_after(response.headers());
     let body = read_bounded(response, deadlines.total).await;
-    Ok(Answer::Error {
-        status: status.as_u16(),
+    let (class, message) = read_error(status, &body);
+    Err(ProviderError {
+        provider: id.to_owned(),
+        class,
+        status: Some(status),
+        message: error_message(message.as_deref(), &body, status),
         retry_after,
-        body,
     })
+}
+
+/// The message of an error answer: the provider's `message`, else an excerpt of the body,
+/// else `HTTP {status}`; at most [`EXCERPT_CHARS`] characters either way.
+pub(super) fn error_message(message: Option<&str>, body: &[u8], status: u16) -> String {
+    if let Some(message) = message {
+        return excerpt(message);
+    }
+    let body = excerpt(&String::from_utf8_lossy(body));
+    if body.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        body
+    }
 }
 
 fn request_error(id: &str, error: &reqwest::Error, deadlines: &Deadlines) -> ProviderError {

@@ -5,6 +5,9 @@ pub mod anthropic;
 mod http;
 pub mod openai;
 pub mod retry;
+mod sse;
+#[cfg(test)]
+mod testing;
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use futures::stream::BoxStream;
 
 use crate::config::{ProviderConfig, ProviderKind};
 pub use crate::domain::ErrorClass;
-use crate::domain::{FinishReason, Message, TokenUsage, ToolCall, ToolChoice};
+use crate::domain::{ContentPart, FinishReason, Message, TokenUsage, ToolCall, ToolChoice};
 use crate::events::CacheMetrics;
 pub use http::ReadError;
 
@@ -105,6 +108,19 @@ pub fn build(id: &str, config: &ProviderConfig) -> Result<Arc<dyn Provider>, Pro
     } else {
         Ok(adapter)
     }
+}
+
+/// Text and JSON parts as one string (JSON serialized), in order; images left out.
+fn text_of(parts: &[ContentPart]) -> String {
+    let mut text = String::new();
+    for part in parts {
+        match part {
+            ContentPart::Text { text: t } => text.push_str(t),
+            ContentPart::Json { value } => text.push_str(&value.to_string()),
+            ContentPart::Image { .. } => {}
+        }
+    }
+    text
 }
 
 /// A failed provider call. The message never contains secrets.

@@ -5,20 +5,17 @@
 //! (<https://platform.openai.com/docs/api-reference/chat/create>,
 //! <https://platform.openai.com/docs/api-reference/chat-streaming>).
 
-use std::collections::VecDeque;
-
 use async_trait::async_trait;
-use eventsource_stream::{EventStreamError, Eventsource};
-use futures::{Stream, StreamExt};
-use reqwest::header::ACCEPT;
-use secrecy::ExposeSecret;
+use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 pub use super::http::ReadError;
-use super::http::{self, Answer, Deadlines, excerpt, with_timeouts};
+use super::http::{Endpoint, excerpt};
+use super::sse::{self, Out, Step, StreamParser};
+use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
-use crate::config::{ProviderConfig, Secret, TimeoutConfig};
+use crate::config::ProviderConfig;
 use crate::domain::{
     ContentPart, FinishReason, Message, Role, TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
 };
@@ -28,12 +25,7 @@ use crate::events::CacheMetrics;
 /// [`Provider::stream`], without retries.
 #[derive(Debug)]
 pub struct OpenAi {
-    id: String,
-    client: reqwest::Client,
-    /// Base URL without a trailing `/`, e.g. `https://api.openai.com/v1`.
-    base_url: String,
-    api_key: Option<Secret>,
-    timeouts: TimeoutConfig,
+    endpoint: Endpoint,
 }
 
 impl OpenAi {
@@ -44,63 +36,30 @@ impl OpenAi {
     /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
     pub fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
         Ok(Self {
-            id: id.to_owned(),
-            client: http::client(id, config)?,
-            base_url: config.base_url.trim_end_matches('/').to_owned(),
-            api_key: config.api_key.clone(),
-            timeouts: config.timeouts,
+            endpoint: Endpoint::new(id, config)?,
         })
-    }
-
-    /// Sends one request body and returns the response once its status is a success; the
-    /// part a retry policy wraps. Waits at most until the first-byte (or total) deadline.
-    ///
-    /// # Errors
-    /// `timeout` when a deadline fires, `transport` when the connection fails, and the class
-    /// of the status (see [`classify`]) for a non-2xx answer.
-    async fn send(
-        &self,
-        body: &Value,
-        deadlines: &Deadlines,
-    ) -> Result<reqwest::Response, ProviderError> {
-        let url = format!("{}/chat/completions", self.base_url);
-        let mut builder = self
-            .client
-            .post(url)
-            .header(ACCEPT, "text/event-stream")
-            .json(body);
-        if let Some(key) = &self.api_key {
-            builder = builder.bearer_auth(key.0.expose_secret());
-        }
-        match http::send(&self.id, builder, deadlines).await? {
-            Answer::Stream(response) => Ok(response),
-            Answer::Error {
-                status,
-                retry_after,
-                body,
-            } => {
-                let detail = ErrorDetail::from_body(&body);
-                Err(ProviderError {
-                    provider: self.id.clone(),
-                    class: classify(Some(status), &detail),
-                    status: Some(status),
-                    message: detail.message_or(&body, status),
-                    retry_after,
-                })
-            }
-        }
     }
 }
 
 #[async_trait]
 impl Provider for OpenAi {
-    #[tracing::instrument(skip_all, fields(provider = %self.id, model = %request.model))]
+    #[tracing::instrument(skip_all, fields(provider = %self.endpoint.id, model = %request.model))]
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        let deadlines = Deadlines::start(&self.timeouts);
-        let body = request_body(&request);
-        let response = self.send(&body, &deadlines).await?;
-        let bytes = with_timeouts(response.bytes_stream(), deadlines);
-        Ok(parse_stream(&self.id, bytes))
+        let mut builder = self
+            .endpoint
+            .post("/chat/completions", &request_body(&request));
+        if let Some(key) = self.endpoint.api_key() {
+            builder = builder.bearer_auth(key);
+        }
+        // A non-2xx answer is classified by its status, then its error code.
+        let bytes = self
+            .endpoint
+            .open(builder, |status, body| {
+                let detail = ErrorDetail::from_body(body);
+                (classify(Some(status), &detail), detail.message)
+            })
+            .await?;
+        Ok(parse_stream(&self.endpoint.id, bytes))
     }
 }
 
@@ -171,19 +130,6 @@ impl ErrorDetail {
         .iter()
         .any(|phrase| message.contains(phrase))
     }
-
-    /// The provider's message, else an excerpt of the body, else the status text.
-    fn message_or(&self, body: &[u8], status: u16) -> String {
-        if let Some(message) = &self.message {
-            return excerpt(message);
-        }
-        let body = excerpt(&String::from_utf8_lossy(body));
-        if body.is_empty() {
-            format!("HTTP {status}")
-        } else {
-            body
-        }
-    }
 }
 
 /// The class of an error answer: by HTTP status when there is one, else by the error's
@@ -249,19 +195,6 @@ fn request_body(request: &ModelRequest) -> Value {
         body.insert("tool_choice".to_owned(), choice);
     }
     Value::Object(body)
-}
-
-/// Text and JSON parts as one string (JSON serialized), in order; images left out.
-fn text_of(parts: &[ContentPart]) -> String {
-    let mut text = String::new();
-    for part in parts {
-        match part {
-            ContentPart::Text { text: t } => text.push_str(t),
-            ContentPart::Json { value } => text.push_str(&value.to_string()),
-            ContentPart::Image { .. } => {}
-        }
-    }
-    text
 }
 
 /// A system or user message's `content`: a string, or an array of `text`/`image_url` parts
@@ -343,55 +276,7 @@ where
     B: AsRef<[u8]> + Send + 'static,
     E: Into<ReadError> + Send + 'static,
 {
-    let driver = Driver {
-        events: Box::pin(bytes.eventsource()),
-        parser: Parser::new(provider),
-        out: VecDeque::new(),
-        ended: false,
-    };
-    futures::stream::unfold(driver, |mut driver| async move {
-        loop {
-            if let Some(item) = driver.out.pop_front() {
-                return Some((item, driver));
-            }
-            if driver.ended {
-                return None;
-            }
-            match driver.events.next().await {
-                None => {
-                    driver.ended = true;
-                    driver.parser.on_end(&mut driver.out);
-                }
-                Some(Err(error)) => {
-                    driver.ended = true;
-                    let error = driver.parser.read_error(error);
-                    driver.out.push_back(Err(error));
-                }
-                Some(Ok(event)) => {
-                    let step = driver
-                        .parser
-                        .on_event(&event.event, &event.data, &mut driver.out);
-                    driver.ended = step == Step::End;
-                }
-            }
-        }
-    })
-    .boxed()
-}
-
-type Out = VecDeque<Result<ModelEvent, ProviderError>>;
-
-struct Driver<S> {
-    events: std::pin::Pin<Box<eventsource_stream::EventStream<S>>>,
-    parser: Parser,
-    out: Out,
-    ended: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Continue,
-    End,
+    sse::parse(bytes, Parser::new(provider))
 }
 
 /// One `chat.completion.chunk`, leniently: every field may be absent or null.
@@ -501,107 +386,6 @@ impl Parser {
 
     fn error(&self, class: ErrorClass, message: impl Into<String>) -> ProviderError {
         ProviderError::new(&self.provider, class, message)
-    }
-
-    fn read_error<E: Into<ReadError>>(&self, error: EventStreamError<E>) -> ProviderError {
-        match error {
-            EventStreamError::Transport(error) => {
-                let error = error.into();
-                self.error(error.class, error.message)
-            }
-            EventStreamError::Utf8(error) => {
-                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
-            }
-            EventStreamError::Parser(error) => {
-                self.error(ErrorClass::Server, format!("malformed stream: {error}"))
-            }
-        }
-    }
-
-    /// Handles one SSE event (`event` is its type, `message` by default).
-    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step {
-        if data.trim() == "[DONE]" {
-            self.finish_events(out);
-            return Step::End;
-        }
-        if event != "message" && event != "error" {
-            return Step::Continue;
-        }
-        let chunk: Chunk = match serde_json::from_str(data) {
-            Ok(chunk) => chunk,
-            Err(error) if event == "error" => {
-                tracing::debug!(%error, "error event without a JSON body");
-                let detail = ErrorDetail {
-                    message: Some(excerpt(data)),
-                    ..ErrorDetail::default()
-                };
-                out.push_back(Err(self.error(classify(None, &detail), excerpt(data))));
-                return Step::End;
-            }
-            Err(error) => {
-                out.push_back(Err(self.error(
-                    ErrorClass::Server,
-                    format!("malformed chunk: {error}: {}", excerpt(data)),
-                )));
-                return Step::End;
-            }
-        };
-        if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
-            let detail = ErrorDetail::from_error(&error);
-            let message = detail
-                .message
-                .as_deref()
-                .map_or_else(|| excerpt(&error.to_string()), excerpt);
-            out.push_back(Err(ProviderError {
-                status: detail.status,
-                ..self.error(classify(None, &detail), message)
-            }));
-            return Step::End;
-        }
-        if let Some(usage) = chunk.usage {
-            let input = usage.prompt_tokens.unwrap_or(0);
-            let output = usage.completion_tokens.unwrap_or(0);
-            let tokens = TokenUsage {
-                input_tokens: input,
-                output_tokens: output,
-                total_tokens: usage.total_tokens.unwrap_or(input + output),
-            };
-            let cache = usage
-                .prompt_tokens_details
-                .and_then(|details| details.cached_tokens)
-                .map(|cached| CacheMetrics {
-                    cached_input_tokens: cached,
-                    ..CacheMetrics::default()
-                });
-            self.usage = Some((tokens, cache));
-        }
-        for choice in chunk.choices.unwrap_or_default() {
-            if choice.index.unwrap_or(0) != 0 {
-                continue;
-            }
-            if let Some(delta) = choice.delta {
-                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-                    out.push_back(Ok(ModelEvent::TextDelta(text)));
-                }
-                for fragment in delta.tool_calls.unwrap_or_default() {
-                    self.on_fragment(fragment, out);
-                }
-                if let Some(function) = delta.function_call {
-                    self.on_fragment(
-                        Fragment {
-                            function: Some(function),
-                            ..Fragment::default()
-                        },
-                        out,
-                    );
-                }
-            }
-            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
-                self.finish = Some(finish_reason(&reason));
-                self.close_calls(out);
-            }
-        }
-        Step::Continue
     }
 
     /// Finds (or opens) the call a fragment continues: by `index`; without one by a non-empty
@@ -722,32 +506,110 @@ impl Parser {
             })));
         }
     }
+}
 
-    /// Open calls closed, then `Usage` when reported, then `Finished`.
+impl StreamParser for Parser {
+    fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// Handles one SSE event (`event` is its type, `message` by default).
+    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step {
+        if data.trim() == "[DONE]" {
+            self.finish_events(out);
+            return Step::End;
+        }
+        if event != "message" && event != "error" {
+            return Step::Continue;
+        }
+        let chunk: Chunk = match serde_json::from_str(data) {
+            Ok(chunk) => chunk,
+            Err(error) if event == "error" => {
+                tracing::debug!(%error, "error event without a JSON body");
+                let detail = ErrorDetail {
+                    message: Some(excerpt(data)),
+                    ..ErrorDetail::default()
+                };
+                out.push_back(Err(self.error(classify(None, &detail), excerpt(data))));
+                return Step::End;
+            }
+            Err(error) => {
+                out.push_back(Err(self.error(
+                    ErrorClass::Server,
+                    format!("malformed chunk: {error}: {}", excerpt(data)),
+                )));
+                return Step::End;
+            }
+        };
+        if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
+            let detail = ErrorDetail::from_error(&error);
+            let message = detail
+                .message
+                .as_deref()
+                .map_or_else(|| excerpt(&error.to_string()), excerpt);
+            out.push_back(Err(ProviderError {
+                status: detail.status,
+                ..self.error(classify(None, &detail), message)
+            }));
+            return Step::End;
+        }
+        if let Some(usage) = chunk.usage {
+            let input = usage.prompt_tokens.unwrap_or(0);
+            let output = usage.completion_tokens.unwrap_or(0);
+            let tokens = TokenUsage {
+                input_tokens: input,
+                output_tokens: output,
+                total_tokens: usage.total_tokens.unwrap_or(input + output),
+            };
+            let cache = usage
+                .prompt_tokens_details
+                .and_then(|details| details.cached_tokens)
+                .map(|cached| CacheMetrics {
+                    cached_input_tokens: cached,
+                    ..CacheMetrics::default()
+                });
+            self.usage = Some((tokens, cache));
+        }
+        for choice in chunk.choices.unwrap_or_default() {
+            if choice.index.unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(delta) = choice.delta {
+                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+                    out.push_back(Ok(ModelEvent::TextDelta(text)));
+                }
+                for fragment in delta.tool_calls.unwrap_or_default() {
+                    self.on_fragment(fragment, out);
+                }
+                if let Some(function) = delta.function_call {
+                    self.on_fragment(
+                        Fragment {
+                            function: Some(function),
+                            ..Fragment::default()
+                        },
+                        out,
+                    );
+                }
+            }
+            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
+                self.finish = Some(finish_reason(&reason));
+                self.close_calls(out);
+            }
+        }
+        Step::Continue
+    }
+
+    fn stop_known(&self) -> bool {
+        self.finish.is_some()
+    }
+
     fn finish_events(&mut self, out: &mut Out) {
         self.close_calls(out);
         if let Some((usage, cache)) = self.usage.take() {
             out.push_back(Ok(ModelEvent::Usage { usage, cache }));
         }
-        let reason = match self.finish {
-            Some(FinishReason::Stop) | None if self.completed > 0 => FinishReason::ToolCalls,
-            Some(reason) => reason,
-            None => FinishReason::Stop,
-        };
+        let reason = sse::final_reason(self.finish, self.completed);
         out.push_back(Ok(ModelEvent::Finished(reason)));
-    }
-
-    /// The body ended without `[DONE]`: fine after a finish reason, else the connection was
-    /// cut.
-    fn on_end(&mut self, out: &mut Out) {
-        if self.finish.is_some() {
-            self.finish_events(out);
-        } else {
-            out.push_back(Err(self.error(
-                ErrorClass::Transport,
-                "connection closed before the end of the stream",
-            )));
-        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! A fake model provider for integration tests: a real HTTP server on `127.0.0.1:0` that
 //! answers `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic, see
 //! `fake_anthropic`) with scripted replies in the real wire formats (recorded SSE streams,
-//! error bodies, stalls, cut connections) from one queue, and records every request it gets.
+//! error bodies, stalls, cut connections) from one queue, and records every request it gets;
+//! and the calls the adapter tests make through a provider against it.
 
 #![allow(
     dead_code,
@@ -20,6 +21,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
+use behest::config::TimeoutConfig;
+use behest::domain::{ContentPart, Message, MessageId, Role, RunId, SessionId};
+use behest::provider::{ModelEvent, ModelRequest, Provider, ProviderError};
+use chrono::Utc;
 use futures::stream::BoxStream;
 use futures::{StreamExt, stream};
 use serde_json::{Value, json};
@@ -443,4 +448,70 @@ pub fn tool_calls_stream(calls: &[(&str, &str, Value)]) -> Vec<u8> {
     body.push_str(&usage_chunk(20, 8, 0));
     body.push_str(DONE);
     body.into_bytes()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls through an adapter
+
+/// Deadlines long enough never to fire in a passing test: connect 2 s, first byte and idle
+/// 5 s, total 30 s.
+pub fn timeouts() -> TimeoutConfig {
+    TimeoutConfig {
+        connect_ms: 2_000,
+        first_byte_ms: 5_000,
+        idle_ms: 5_000,
+        total_ms: 30_000,
+    }
+}
+
+/// A message of a fresh run with one text part.
+pub fn message(role: Role, text: &str) -> Message {
+    Message {
+        id: MessageId::new(),
+        session_id: SessionId::new(),
+        run_id: RunId::new(),
+        role,
+        content: vec![ContentPart::Text {
+            text: text.to_owned(),
+        }],
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+        tool_name: None,
+        created_at: Utc::now(),
+    }
+}
+
+/// The events of one call up to its first error, and that error.
+pub async fn run(
+    provider: &dyn Provider,
+    request: ModelRequest,
+) -> Result<(Vec<ModelEvent>, Option<ProviderError>), ProviderError> {
+    let mut stream = provider.stream(request).await?;
+    let mut events = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(event) => events.push(event),
+            Err(error) => return Ok((events, Some(error))),
+        }
+    }
+    Ok((events, None))
+}
+
+/// The error of a call that fails before or during its stream.
+pub async fn failure(provider: &dyn Provider, request: ModelRequest) -> Option<ProviderError> {
+    match run(provider, request).await {
+        Err(error) => Some(error),
+        Ok((_, error)) => error,
+    }
+}
+
+/// Concatenated text deltas.
+pub fn text_of(events: &[ModelEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::TextDelta(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect()
 }

@@ -1,17 +1,11 @@
 //! Unit tests of the Anthropic adapter: recorded streams split at awkward boundaries, SSE
 //! framing, tool_use blocks, stop reasons, usage, errors, and the request mapping.
 
-use std::convert::Infallible;
-
-use chrono::Utc;
-use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::domain::{MessageId, RunId, SessionId};
 use crate::provider::ToolSpec;
-
-type Item = Result<ModelEvent, ProviderError>;
+use crate::provider::testing::*;
 
 const TEXT: &str = include_str!("../../../tests/fixtures/anthropic/text.sse");
 const TOOL_USE: &str = include_str!("../../../tests/fixtures/anthropic/tool_use.sse");
@@ -21,43 +15,11 @@ const MAX_TOKENS: &str =
     include_str!("../../../tests/fixtures/anthropic/max_tokens_in_tool_use.sse");
 
 fn parse_reads(reads: Vec<Vec<u8>>) -> Vec<Item> {
-    let bytes = futures::stream::iter(reads.into_iter().map(Ok::<_, Infallible>));
-    futures::executor::block_on(parse_stream("test", bytes).collect())
+    parse_reads_with(parse_stream, reads)
 }
 
 fn parse(body: &str) -> Vec<Item> {
     parse_reads(vec![body.as_bytes().to_vec()])
-}
-
-fn split(body: &[u8], at: usize) -> Vec<Vec<u8>> {
-    let (a, b) = body.split_at(at);
-    vec![a.to_vec(), b.to_vec()]
-}
-
-fn text(s: &str) -> Item {
-    Ok(ModelEvent::TextDelta(s.to_owned()))
-}
-
-fn started(id: &str, name: &str) -> Item {
-    Ok(ModelEvent::ToolCallStarted {
-        call_id: id.to_owned(),
-        tool_name: name.to_owned(),
-    })
-}
-
-fn delta(id: &str, piece: &str) -> Item {
-    Ok(ModelEvent::ToolCallDelta {
-        call_id: id.to_owned(),
-        delta: piece.to_owned(),
-    })
-}
-
-fn completed(id: &str, name: &str, arguments: Value) -> Item {
-    Ok(ModelEvent::ToolCallCompleted(ToolCall {
-        id: id.to_owned(),
-        name: name.to_owned(),
-        arguments,
-    }))
 }
 
 fn usage(input: u64, output: u64, creation: u64, read: u64) -> Item {
@@ -73,20 +35,6 @@ fn usage(input: u64, output: u64, creation: u64, read: u64) -> Item {
             cached_input_tokens: 0,
         }),
     })
-}
-
-fn finished(reason: FinishReason) -> Item {
-    Ok(ModelEvent::Finished(reason))
-}
-
-fn joined_text(events: &[Item]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Ok(ModelEvent::TextDelta(t)) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn error_of(events: &[Item]) -> Option<&ProviderError> {
@@ -126,8 +74,7 @@ fn text_stream_split_at_every_offset_gives_the_same_events() {
 
 #[test]
 fn text_stream_one_byte_per_read_gives_the_same_events() {
-    let reads = TEXT.bytes().map(|b| vec![b]).collect();
-    assert_eq!(parse_reads(reads), text_events());
+    assert_eq!(parse_reads(bytewise(TEXT.as_bytes())), text_events());
 }
 
 #[test]
@@ -436,26 +383,6 @@ fn http_errors_are_classified() {
 
 // ---------------------------------------------------------------------------------------------
 // Request mapping
-
-fn message(role: Role, content: Vec<ContentPart>) -> Message {
-    Message {
-        id: MessageId::new(),
-        session_id: SessionId::new(),
-        run_id: RunId::new(),
-        role,
-        content,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        tool_name: None,
-        created_at: Utc::now(),
-    }
-}
-
-fn text_part(text: &str) -> ContentPart {
-    ContentPart::Text {
-        text: text.to_owned(),
-    }
-}
 
 fn tool_message(call_id: &str, content: ContentPart) -> Message {
     let mut m = message(Role::Tool, vec![content]);

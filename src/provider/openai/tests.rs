@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 
-use chrono::Utc;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -12,38 +11,24 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 
 use super::*;
-use crate::domain::{MessageId, RunId, SessionId};
+use crate::config::TimeoutConfig;
 use crate::provider::ToolSpec;
-use crate::provider::http::{EXCERPT_CHARS, retry_after};
+use crate::provider::http::{Deadlines, EXCERPT_CHARS, error_message, retry_after, with_timeouts};
+use crate::provider::testing::*;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-type Item = Result<ModelEvent, ProviderError>;
-
 const TEXT: &str = include_str!("../../../tests/fixtures/openai/text.sse");
 const TOOL_CALL: &str = include_str!("../../../tests/fixtures/openai/tool_call.sse");
 const PARALLEL: &str = include_str!("../../../tests/fixtures/openai/parallel_tool_calls.sse");
 const ERROR_IN_STREAM: &str = include_str!("../../../tests/fixtures/openai/error_in_stream.sse");
 const MALFORMED: &str = include_str!("../../../tests/fixtures/openai/malformed.sse");
 
-/// Runs the parser over the given reads.
 fn parse_reads(reads: Vec<Vec<u8>>) -> Vec<Item> {
-    let bytes = futures::stream::iter(reads.into_iter().map(Ok::<_, Infallible>));
-    futures::executor::block_on(parse_stream("test", bytes).collect())
+    parse_reads_with(parse_stream, reads)
 }
 
 fn parse(body: &str) -> Vec<Item> {
     parse_reads(vec![body.as_bytes().to_vec()])
-}
-
-/// The body in two reads, split at `at` bytes (possibly inside a UTF-8 character).
-fn split(body: &[u8], at: usize) -> Vec<Vec<u8>> {
-    let (a, b) = body.split_at(at);
-    vec![a.to_vec(), b.to_vec()]
-}
-
-/// The body one byte per read.
-fn bytewise(body: &[u8]) -> Vec<Vec<u8>> {
-    body.iter().map(|b| vec![*b]).collect()
 }
 
 /// A `data:` line of a chunk with one choice.
@@ -63,32 +48,6 @@ fn done() -> String {
     "data: [DONE]\n\n".to_owned()
 }
 
-fn text(s: &str) -> Item {
-    Ok(ModelEvent::TextDelta(s.to_owned()))
-}
-
-fn started(id: &str, name: &str) -> Item {
-    Ok(ModelEvent::ToolCallStarted {
-        call_id: id.to_owned(),
-        tool_name: name.to_owned(),
-    })
-}
-
-fn delta(id: &str, piece: &str) -> Item {
-    Ok(ModelEvent::ToolCallDelta {
-        call_id: id.to_owned(),
-        delta: piece.to_owned(),
-    })
-}
-
-fn completed(id: &str, name: &str, arguments: Value) -> Item {
-    Ok(ModelEvent::ToolCallCompleted(ToolCall {
-        id: id.to_owned(),
-        name: name.to_owned(),
-        arguments,
-    }))
-}
-
 fn usage(input: u64, output: u64, cached: Option<u64>) -> Item {
     Ok(ModelEvent::Usage {
         usage: TokenUsage {
@@ -103,10 +62,6 @@ fn usage(input: u64, output: u64, cached: Option<u64>) -> Item {
     })
 }
 
-fn finished(reason: FinishReason) -> Item {
-    Ok(ModelEvent::Finished(reason))
-}
-
 fn text_events() -> Vec<Item> {
     let mut events: Vec<Item> = ["H", "éllo", " wö", "rld", " —", " 你", "好", " 🌍", "!"]
         .into_iter()
@@ -115,17 +70,6 @@ fn text_events() -> Vec<Item> {
     events.push(usage(19, 11, Some(0)));
     events.push(finished(FinishReason::Stop));
     events
-}
-
-/// Concatenated text deltas.
-fn joined_text(events: &[Item]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Ok(ModelEvent::TextDelta(t)) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn error_of(events: &[Item]) -> Option<&ProviderError> {
@@ -663,18 +607,20 @@ fn statuses_are_classified() {
 
 #[test]
 fn error_messages_prefer_the_provider_message() {
+    let message_or = |detail: ErrorDetail, body: &[u8], status| {
+        error_message(detail.message.as_deref(), body, status)
+    };
     let detail = ErrorDetail::from_body(br#"{"error":{"message":"Incorrect API key provided"}}"#);
-    assert_eq!(detail.message_or(b"", 401), "Incorrect API key provided");
+    assert_eq!(message_or(detail, b"", 401), "Incorrect API key provided");
     let body = b"<html>upstream error</html>";
     assert_eq!(
-        ErrorDetail::from_body(body).message_or(body, 502),
+        message_or(ErrorDetail::from_body(body), body, 502),
         "<html>upstream error</html>"
     );
-    assert_eq!(ErrorDetail::default().message_or(b"", 500), "HTTP 500");
+    assert_eq!(message_or(ErrorDetail::default(), b"", 500), "HTTP 500");
     let long = "x".repeat(1000);
     assert_eq!(
-        ErrorDetail::default()
-            .message_or(long.as_bytes(), 500)
+        message_or(ErrorDetail::default(), long.as_bytes(), 500)
             .chars()
             .count(),
         EXCERPT_CHARS + 1
@@ -696,26 +642,6 @@ fn retry_after_headers_are_read() -> TestResult {
 }
 
 // --- request mapping -------------------------------------------------------------------------
-
-fn message(role: Role, content: Vec<ContentPart>) -> Message {
-    Message {
-        id: MessageId::new(),
-        session_id: SessionId::new(),
-        run_id: RunId::new(),
-        role,
-        content,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        tool_name: None,
-        created_at: Utc::now(),
-    }
-}
-
-fn text_part(text: &str) -> ContentPart {
-    ContentPart::Text {
-        text: text.to_owned(),
-    }
-}
 
 fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice) -> ModelRequest {
     ModelRequest {
@@ -868,6 +794,6 @@ fn adapter_keeps_the_base_url_without_trailing_slash() -> TestResult {
     )?;
     let provider = config.providers.get("p").ok_or("no provider")?;
     let adapter = OpenAi::new("p", provider)?;
-    assert_eq!(adapter.base_url, "http://127.0.0.1:9/v1");
+    assert_eq!(adapter.endpoint.base_url, "http://127.0.0.1:9/v1");
     Ok(())
 }

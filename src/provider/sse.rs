@@ -1,0 +1,135 @@
+//! The Server-Sent Events machinery shared by the streaming adapters: a response body (reads
+//! of any size) split into SSE events by `eventsource_stream`, handed one by one to the wire
+//! format's [`StreamParser`], and the [`ModelEvent`]s it produces yielded in order until the
+//! stream ends or fails.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+
+use eventsource_stream::{EventStream, EventStreamError, Eventsource};
+use futures::{Stream, StreamExt};
+
+use super::http::ReadError;
+use super::{ErrorClass, ModelEvent, ModelStream, ProviderError};
+use crate::domain::FinishReason;
+
+/// The items a parser produced and the driver has not yielded yet, oldest first.
+pub(super) type Out = VecDeque<Result<ModelEvent, ProviderError>>;
+
+/// Whether the stream goes on after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Read the next event.
+    Continue,
+    /// The stream is over (its end or an error was pushed).
+    End,
+}
+
+/// The state of one call's stream in one wire format.
+pub(super) trait StreamParser {
+    /// The provider id, for errors.
+    fn provider(&self) -> &str;
+
+    /// Handles one SSE event (`event` is its type, `message` by default; `data` its joined
+    /// `data:` lines), pushing what it yields to `out`.
+    fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step;
+
+    /// Whether the model already said why it stopped (a finish or stop reason), so that the
+    /// body may end without the wire format's closing event.
+    fn stop_known(&self) -> bool;
+
+    /// The normal end: open tool calls closed, then `Usage` when reported, then `Finished`.
+    fn finish_events(&mut self, out: &mut Out);
+}
+
+/// Runs `parser` over an event-stream body. A read error ends the stream with its class
+/// (`server` for malformed UTF-8 or SSE); a body that ends before the model said why it
+/// stopped ends it with `transport`.
+pub(super) fn parse<S, B, E, P>(bytes: S, parser: P) -> ModelStream
+where
+    S: Stream<Item = Result<B, E>> + Send + 'static,
+    B: AsRef<[u8]> + Send + 'static,
+    E: Into<ReadError> + Send + 'static,
+    P: StreamParser + Send + 'static,
+{
+    let driver = Driver {
+        events: Box::pin(bytes.eventsource()),
+        parser,
+        out: VecDeque::new(),
+        ended: false,
+    };
+    futures::stream::unfold(driver, |mut driver| async move {
+        loop {
+            if let Some(item) = driver.out.pop_front() {
+                return Some((item, driver));
+            }
+            if driver.ended {
+                return None;
+            }
+            match driver.events.next().await {
+                None => {
+                    driver.ended = true;
+                    if driver.parser.stop_known() {
+                        driver.parser.finish_events(&mut driver.out);
+                    } else {
+                        let error = ProviderError::new(
+                            driver.parser.provider(),
+                            ErrorClass::Transport,
+                            "connection closed before the end of the stream",
+                        );
+                        driver.out.push_back(Err(error));
+                    }
+                }
+                Some(Err(error)) => {
+                    driver.ended = true;
+                    let error = read_error(driver.parser.provider(), error);
+                    driver.out.push_back(Err(error));
+                }
+                Some(Ok(event)) => {
+                    let step = driver
+                        .parser
+                        .on_event(&event.event, &event.data, &mut driver.out);
+                    driver.ended = step == Step::End;
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+struct Driver<S, P> {
+    events: Pin<Box<EventStream<S>>>,
+    parser: P,
+    out: Out,
+    ended: bool,
+}
+
+fn read_error<E: Into<ReadError>>(provider: &str, error: EventStreamError<E>) -> ProviderError {
+    match error {
+        EventStreamError::Transport(error) => {
+            let error = error.into();
+            ProviderError::new(provider, error.class, error.message)
+        }
+        EventStreamError::Utf8(error) => ProviderError::new(
+            provider,
+            ErrorClass::Server,
+            format!("malformed stream: {error}"),
+        ),
+        EventStreamError::Parser(error) => ProviderError::new(
+            provider,
+            ErrorClass::Server,
+            format!("malformed stream: {error}"),
+        ),
+    }
+}
+
+/// The `Finished` reason of a stream that reported `reported` and completed `completed` tool
+/// calls: `tool_calls` when calls completed and the model said `stop` or nothing (some servers
+/// do), `stop` when it said nothing else, else what it said.
+pub(super) fn final_reason(reported: Option<FinishReason>, completed: usize) -> FinishReason {
+    match reported {
+        Some(FinishReason::Stop) | None if completed > 0 => FinishReason::ToolCalls,
+        Some(reason) => reason,
+        None => FinishReason::Stop,
+    }
+}
