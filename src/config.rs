@@ -341,10 +341,43 @@ impl Config {
     }
 
     fn resolved(mut self) -> Result<Self, ConfigError> {
-        if self.runtime.max_iterations == 0 {
-            return Err(ConfigError::Check(
-                "runtime.max_iterations must be at least 1".to_owned(),
-            ));
+        let runtime = &self.runtime;
+        let checks = [
+            (
+                runtime.max_iterations >= 1,
+                "runtime.max_iterations must be at least 1",
+            ),
+            (
+                runtime.max_iterations <= runtime.max_iterations_cap,
+                "runtime.max_iterations must not exceed runtime.max_iterations_cap",
+            ),
+            (
+                runtime.keep_alive_ms >= 100,
+                "runtime.keep_alive_ms must be at least 100",
+            ),
+            (
+                runtime.max_batch_events >= 1,
+                "runtime.max_batch_events must be at least 1",
+            ),
+            (
+                runtime.feed_capacity >= 1,
+                "runtime.feed_capacity must be at least 1",
+            ),
+            (
+                runtime.tool_concurrency >= 1,
+                "runtime.tool_concurrency must be at least 1",
+            ),
+            (
+                runtime.tool_timeout_ms >= 1,
+                "runtime.tool_timeout_ms must be at least 1",
+            ),
+            (
+                runtime.max_tool_calls >= 1,
+                "runtime.max_tool_calls must be at least 1",
+            ),
+        ];
+        if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {
+            return Err(ConfigError::Check((*message).to_owned()));
         }
         for (id, provider) in &mut self.providers {
             if !provider.base_url.starts_with("http://")
@@ -352,6 +385,19 @@ impl Config {
             {
                 return Err(ConfigError::Check(format!(
                     "providers.{id}.base_url must start with http:// or https://"
+                )));
+            }
+            let timeouts = provider.timeouts;
+            if [
+                timeouts.connect_ms,
+                timeouts.first_byte_ms,
+                timeouts.idle_ms,
+                timeouts.total_ms,
+            ]
+            .contains(&0)
+            {
+                return Err(ConfigError::Check(format!(
+                    "providers.{id}.timeouts must all be at least 1 ms"
                 )));
             }
             if provider.retry.max_attempts == 0 {
@@ -365,11 +411,14 @@ impl Config {
                 )));
             }
             if let Some(var) = &provider.api_key_env {
-                let key = std::env::var(var).map_err(|_| {
-                    ConfigError::Check(format!(
-                        "providers.{id}.api_key_env names `{var}`, which is not set"
-                    ))
-                })?;
+                let key = std::env::var(var)
+                    .ok()
+                    .filter(|key| !key.trim().is_empty())
+                    .ok_or_else(|| {
+                        ConfigError::Check(format!(
+                            "providers.{id}.api_key_env names `{var}`, which is not set or empty"
+                        ))
+                    })?;
                 provider.api_key = Some(Secret(SecretString::from(key)));
             }
         }
@@ -417,6 +466,25 @@ mod tests {
         let local = include_str!("../examples/behest.toml");
         assert_eq!(Config::from_toml(local)?.providers.len(), 1);
         Ok(())
+    }
+
+    #[test]
+    fn inconsistent_limits_are_named() {
+        for (toml, named) in [
+            ("[runtime]\nmax_iterations = 200\n", "max_iterations_cap"),
+            ("[runtime]\nkeep_alive_ms = 0\n", "keep_alive_ms"),
+            ("[runtime]\nmax_batch_events = 0\n", "max_batch_events"),
+            (
+                "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.timeouts]\ntotal_ms = 0\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+                "providers.x.timeouts",
+            ),
+        ] {
+            let error = Config::from_toml(toml)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(named), "{toml}: {error}");
+        }
     }
 
     #[test]

@@ -73,7 +73,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let tools = Arc::new(ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?);
     let runtime = runtime(&config, store, tools.clone())?;
     runtime.recover().await?;
-    let listener = TcpListener::bind(&config.bind).await?;
+    let listener = TcpListener::bind(&config.bind).await.map_err(|error| {
+        std::io::Error::new(
+            error.kind(),
+            format!("cannot listen on `bind` = `{}`: {error}", config.bind),
+        )
+    })?;
     tracing::info!(
         address = %listener.local_addr()?,
         providers = config.providers.len(),

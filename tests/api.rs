@@ -105,6 +105,16 @@ async fn unknown_runs_are_404_run_not_found() {
     .await;
     api.problem("GET", "/no/such/route", None, 404, "not_found")
         .await;
+    api.problem("DELETE", "/runs", None, 405, "method_not_allowed")
+        .await;
+    api.problem(
+        "GET",
+        &format!("/runs/{id}/cancel"),
+        None,
+        405,
+        "method_not_allowed",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -148,8 +158,15 @@ async fn bad_create_requests_are_rejected_without_a_record() {
     api.problem("POST", "/runs", Some(&model), 422, "unknown_model")
         .await;
     let typed = json!({"provider": "fake", "model": "fake-model", "input": 3}).to_string();
-    api.problem("POST", "/runs", Some(&typed), 422, "invalid_body")
+    let problem = api
+        .problem("POST", "/runs", Some(&typed), 422, "invalid_body")
         .await;
+    assert_eq!(problem["field"], "input");
+    let forced = json!({"provider": "fake", "model": "fake-model", "input": "hi", "tool_choice": "required"}).to_string();
+    let problem = api
+        .problem("POST", "/runs", Some(&forced), 422, "invalid_field")
+        .await;
+    assert_eq!(problem["field"], "tool_choice");
     let extra =
         json!({"provider": "fake", "model": "fake-model", "input": "hi", "inptu": 1}).to_string();
     api.problem("POST", "/runs", Some(&extra), 422, "invalid_body")

@@ -187,7 +187,44 @@ async fn stream_create_sends_from_sequence_one_and_disconnect_never_cancels(back
     server.stop().await;
 }
 
+/// A cursor past the end of a live run: nothing to send, and the stream still ends with the run.
+async fn a_cursor_past_the_end_of_a_live_run_ends_with_the_run(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    paced(&fake, 20, Duration::from_millis(10));
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    let run_id = server.start_run("go", None).await;
+    let watchers = [1_000u64, 5].map(|cursor| {
+        let client = server.client.clone();
+        let url = server.url(&format!("/runs/{run_id}/events"));
+        tokio::spawn(async move {
+            let response = client
+                .get(url)
+                .header("Last-Event-ID", cursor.to_string())
+                .send()
+                .await
+                .unwrap();
+            collect_frames(response).await
+        })
+    });
+    let [past, early] = watchers;
+    let past = tokio::time::timeout(Duration::from_secs(10), past)
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    assert!(past.is_empty(), "{past:?}");
+    let early = tokio::time::timeout(Duration::from_secs(10), early)
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    let full = server.events(&run_id, None).await;
+    assert_eq!(early, full[5..]);
+    server.stop().await;
+}
+
 on_both_backends!(
+    a_cursor_past_the_end_of_a_live_run_ends_with_the_run,
     resume_at_every_position_reproduces_the_log,
     concurrent_watchers_receive_identical_streams,
     stalled_watcher_catches_up_from_the_store,

@@ -121,11 +121,21 @@ impl From<JsonRejection> for ApiError {
                 "malformed_json",
                 format!("the body is not valid JSON: {}", source_text(&e)),
             ),
-            JsonRejection::JsonDataError(e) => Self::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_body",
-                format!("the body does not match the schema: {}", source_text(&e)),
-            ),
+            JsonRejection::JsonDataError(e) => {
+                // axum reports the path to the offending value first: "input: invalid type …".
+                let located = std::error::Error::source(&e)
+                    .map(ToString::to_string)
+                    .unwrap_or_else(|| source_text(&e));
+                let problem = Self::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_body",
+                    format!("the body does not match the schema: {located}"),
+                );
+                match located.split_once(": ") {
+                    Some((path, _)) if path != "." && !path.contains(' ') => problem.field(path),
+                    _ => problem,
+                }
+            }
             JsonRejection::MissingJsonContentType(_) => Self::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",

@@ -112,6 +112,7 @@ pub fn app(state: AppState) -> Router {
             }),
         )
         .fallback(system::not_found)
+        .method_not_allowed_fallback(system::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(TraceLayer::new_for_http())
         .with_state(state)

@@ -60,6 +60,15 @@ pub async fn get_readiness(State(state): State<AppState>) -> Result<Json<Health>
 
 use super::Problem;
 
+/// 405 `method_not_allowed` for a known route called with another method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
 /// 404 `not_found` for any unknown route.
 pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
-use crate::domain::ToolChoice;
 use crate::domain::{CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId};
+use crate::domain::{ToolChoice, ToolChoiceMode};
 use crate::events::{EventFeed, EventPayload, LoggedEvent, RunFailed};
 use crate::provider::Provider;
 use crate::store::{NewRun, RunOutcome, Store, StoreError};
@@ -305,6 +305,20 @@ impl Runtime {
             if !self.tools.contains(name) {
                 return Err(CreateRunError::UnknownTool(name.clone()));
             }
+        }
+        let forces_a_call = matches!(
+            &request.tool_choice,
+            Some(ToolChoice::Mode(ToolChoiceMode::Required) | ToolChoice::Tool { .. })
+        );
+        let no_tools = match &request.tools {
+            Some(tools) => tools.is_empty(),
+            None => self.tools.list().is_empty(),
+        };
+        if forces_a_call && no_tools {
+            return Err(CreateRunError::InvalidField {
+                field: "tool_choice",
+                reason: "requires a tool call, but the run has no tools".to_owned(),
+            });
         }
         if let Some(ToolChoice::Tool { name }) = &request.tool_choice {
             let allowed = request

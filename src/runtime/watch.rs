@@ -79,6 +79,15 @@ impl Watch {
                     Err(error) => return Some(Err(error)),
                 };
                 self.read_store = page.len() == PAGE as usize;
+                if page.is_empty() && self.live.is_none() {
+                    // Nothing after the cursor and no live feed: if the run has ended (its
+                    // terminal event at or before the cursor), so has the stream.
+                    match self.store.get_run(self.run_id).await {
+                        Ok(Some(run)) if !run.status.is_terminal() => {}
+                        Ok(_) => return None,
+                        Err(error) => return Some(Err(error)),
+                    }
+                }
                 self.replay.extend(page.into_iter().map(Arc::new));
                 continue;
             }
@@ -90,7 +99,8 @@ impl Watch {
             };
             match live.recv().await {
                 Ok(event) if event.sequence == self.last_sent + 1 => self.replay.push_back(event),
-                Ok(event) if event.sequence <= self.last_sent => {}
+                // Already sent, or before the cursor; a terminal one there ends the stream.
+                Ok(event) if event.sequence <= self.last_sent => self.done = event.terminal,
                 // A gap: the store has everything up to this durable event.
                 Ok(_) | Err(RecvError::Lagged(_)) => self.read_store = true,
                 Err(RecvError::Closed) => {

@@ -200,6 +200,17 @@ impl ToolRegistry {
         }
         let client = reqwest::Client::new();
         for (name, config) in http_tools {
+            // The name rule both OpenAI and Anthropic enforce on function names.
+            let valid = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !valid {
+                return Err(ToolSetupError::Invalid(format!(
+                    "http_tools.\"{name}\": a tool name is 1 to 64 letters, digits, `_` or `-`"
+                )));
+            }
             let tool = http::HttpTool::new(name, config, client.clone())?;
             let info = ToolInfo {
                 name: name.clone(),
