@@ -291,10 +291,21 @@ pub struct Overrides {
 pub enum ConfigError {
     /// Unknown key, bad value, unreadable file (figment names the key and its source).
     #[error("invalid configuration: {0}")]
-    Invalid(#[from] Box<figment::Error>),
+    Invalid(String),
     /// A semantic check failed.
     #[error("invalid configuration: {0}")]
     Check(String),
+}
+
+impl ConfigError {
+    /// figment's message, without its profile prefix (`default.`) on key paths.
+    fn from_figment(error: figment::Error) -> Self {
+        let message = error
+            .to_string()
+            .replace("key \"default.", "key \"")
+            .replace("`default.", "`");
+        Self::Invalid(message)
+    }
 }
 
 impl Config {
@@ -316,7 +327,7 @@ impl Config {
             .merge(env)
             .merge(Serialized::defaults(overrides))
             .extract()
-            .map_err(Box::new)?;
+            .map_err(ConfigError::from_figment)?;
         config.resolved()
     }
 
@@ -336,7 +347,7 @@ impl Config {
         let config: Config = Figment::from(Serialized::defaults(Config::default()))
             .merge(Toml::string(toml))
             .extract()
-            .map_err(Box::new)?;
+            .map_err(ConfigError::from_figment)?;
         config.resolved()
     }
 

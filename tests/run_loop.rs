@@ -253,6 +253,7 @@ async fn cancel_ends_a_streaming_run(backend: Backend) {
     assert_eq!(response.status(), 200);
     let record: Value = response.json().await.unwrap();
     assert_eq!(record["status"], "cancelled");
+    assert_eq!(record["iterations"], 1, "the interrupted model call counts");
     // The provider connection was closed.
     let deadline = Instant::now() + Duration::from_secs(1);
     while fake.abandoned() == 0 {

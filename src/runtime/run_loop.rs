@@ -224,7 +224,12 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 model: record.model.clone(),
                 iteration,
             }),
-            status(RunStatus::CallingModel),
+            // The call counts as an iteration from its start, whether or not it completes.
+            RunChange {
+                status: Some(RunStatus::CallingModel),
+                progress: Some((iteration, total_usage)),
+                ..RunChange::default()
+            },
         ));
         let request = ModelRequest {
             model: record.model.clone(),
