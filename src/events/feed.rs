@@ -75,10 +75,4 @@ impl EventFeed {
     pub fn close(&self, run_id: RunId) {
         self.runs().remove(&run_id);
     }
-
-    /// Number of runs with an open channel.
-    #[must_use]
-    pub fn open_runs(&self) -> usize {
-        self.runs().len()
-    }
 }
