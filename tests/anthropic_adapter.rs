@@ -88,6 +88,8 @@ async fn text_split_inside_utf8_and_json_arrives_exactly_with_the_documented_hea
             &[
                 ModelEvent::Usage {
                     usage: TokenUsage {
+                        reasoning_tokens: 0,
+                        estimated: false,
                         input_tokens: 12,
                         output_tokens: 15,
                         total_tokens: 27
@@ -144,11 +146,13 @@ async fn tool_use_request_and_parallel_answer() -> TestResult {
     let mut assistant = message(Role::Assistant, "Checking both.");
     assistant.tool_calls = vec![
         ToolCall {
+            invalid_arguments: None,
             id: "toolu_prev_a".to_owned(),
             name: "get_time".to_owned(),
             arguments: json!({"timezone": "Europe/Paris"}),
         },
         ToolCall {
+            invalid_arguments: None,
             id: "toolu_prev_b".to_owned(),
             name: "get_weather".to_owned(),
             arguments: json!({"location": "Paris"}),
@@ -203,11 +207,13 @@ async fn tool_use_request_and_parallel_answer() -> TestResult {
         completed,
         vec![
             &ToolCall {
+                invalid_arguments: None,
                 id: "toolu_01A09q90qw90lq917835lq9".to_owned(),
                 name: "get_weather".to_owned(),
                 arguments: json!({"location": "Paris"}),
             },
             &ToolCall {
+                invalid_arguments: None,
                 id: "toolu_01B19r91rx91mr028946mr0".to_owned(),
                 name: "get_time".to_owned(),
                 arguments: json!({}),
@@ -263,12 +269,15 @@ async fn single_tool_use_with_cache_read_tokens() -> TestResult {
     let (events, error) = run(&provider, hello()).await?;
     assert_eq!(error, None);
     assert!(events.contains(&ModelEvent::ToolCallCompleted(ToolCall {
+        invalid_arguments: None,
         id: "toolu_01T1x1fJ34qAmk2tNTrN7Up6".to_owned(),
         name: "get_weather".to_owned(),
         arguments: json!({"location": "Paris, France", "unit": "celsius"}),
     })));
     assert!(events.contains(&ModelEvent::Usage {
         usage: TokenUsage {
+            reasoning_tokens: 0,
+            estimated: false,
             input_tokens: 472 + 2048,
             output_tokens: 89,
             total_tokens: 472 + 2048 + 89,

@@ -317,6 +317,7 @@ async fn tool_call_request_and_answer() -> TestResult {
     let mut assistant = message(Role::Assistant, "");
     assistant.content.clear();
     assistant.tool_calls = vec![ToolCall {
+        invalid_arguments: None,
         id: "call_prev".to_owned(),
         name: "get_time".to_owned(),
         arguments: json!({"timezone": "Europe/Paris"}),
@@ -348,6 +349,7 @@ async fn tool_call_request_and_answer() -> TestResult {
     let (events, error) = run(provider.as_ref(), request).await?;
     assert_eq!(error, None);
     assert!(events.contains(&ModelEvent::ToolCallCompleted(ToolCall {
+        invalid_arguments: None,
         id: "call_cVdX8QHtUQ6iNZCzCnUGfCRq".to_owned(),
         name: "get_weather".to_owned(),
         arguments: json!({"location": "Paris, France", "unit": "celsius"}),

@@ -70,6 +70,7 @@ fn hello() -> ModelRequest {
     ModelRequest {
         model: "m".to_owned(),
         messages: vec![Message {
+            reasoning: Vec::new(),
             id: MessageId::new(),
             session_id: SessionId::new(),
             run_id: RunId::new(),

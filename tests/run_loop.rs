@@ -366,7 +366,7 @@ async fn anthropic_run_end_to_end(backend: Backend) {
         .json();
     assert_eq!(
         usage["usage"],
-        json!({"input_tokens": 12, "output_tokens": 15, "total_tokens": 27})
+        json!({"input_tokens": 12, "output_tokens": 15, "total_tokens": 27, "reasoning_tokens": 0, "estimated": false})
     );
     let cache = frames
         .iter()

@@ -278,11 +278,13 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
     let run = new_run(SessionId::new(), true);
     store.create_run(&run).await.unwrap();
     let call = ToolCall {
+        invalid_arguments: None,
         id: "call_1".to_owned(),
         name: "get_weather".to_owned(),
         arguments: json!({"city": "Zürich"}),
     };
     let assistant = Message {
+        reasoning: Vec::new(),
         id: MessageId::new(),
         session_id: run.session_id,
         run_id: run.id,
@@ -349,6 +351,8 @@ async fn progress_and_active_runs(backend: Backend) {
     let run = new_run(SessionId::new(), true);
     store.create_run(&run).await.unwrap();
     let usage = TokenUsage {
+        reasoning_tokens: 0,
+        estimated: false,
         input_tokens: 10,
         output_tokens: 5,
         total_tokens: 15,

@@ -69,14 +69,36 @@ pub enum ContentPart {
 }
 
 /// A tool call requested by the model (`common.proto` `ToolCall`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCall {
     /// The provider's call id; a tool message answers it with `tool_call_id`.
     pub id: String,
     /// The tool's name.
     pub name: String,
-    /// The arguments as a JSON value (an object for well-formed calls).
+    /// The arguments as a JSON value (an object for well-formed calls; `{}` when the model's
+    /// arguments were not valid JSON, see `invalid_arguments`).
     pub arguments: serde_json::Value,
+    /// The model's argument text when it was not valid JSON (truncated, garbled, two objects):
+    /// the call is not executed and its result is a `Failure` the model sees. Absent for
+    /// well-formed calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_arguments: Option<String>,
+}
+
+/// One block of the model's reasoning ("thinking") in an assistant turn, kept so that it can
+/// be sent back where the provider requires it: Anthropic extended thinking (`thinking` blocks
+/// with their `signature`, `redacted_thinking` blocks with their opaque `data`, replayed first
+/// in the assistant turn), DeepSeek-style `reasoning_content`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Reasoning {
+    /// The reasoning text as streamed (empty for a redacted block).
+    pub text: String,
+    /// The provider's signature over the block (Anthropic `signature`), when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// The encrypted content of a redacted block (Anthropic `redacted_thinking.data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted_data: Option<String>,
 }
 
 /// A stored message of a session (`common.proto` `Message`).
@@ -92,6 +114,10 @@ pub struct Message {
     pub role: Role,
     /// Its content parts, in order.
     pub content: Vec<ContentPart>,
+    /// Reasoning blocks of an assistant message, in the model's order (they precede its text
+    /// and tool calls).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasoning: Vec<Reasoning>,
     /// Tool calls of an assistant message, in the model's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,

@@ -10,7 +10,7 @@ mod run;
 
 pub use error_class::ErrorClass;
 pub use ids::{MessageId, RunId, SessionId};
-pub use message::{ContentPart, Message, Role, ToolCall};
+pub use message::{ContentPart, Message, Reasoning, Role, ToolCall};
 pub use run::{
     CreateRunRequest, CreateRunResponse, FinishReason, RunOutput, RunRecord, RunStatus, Session,
     TokenUsage, ToolChoice, ToolChoiceMode,

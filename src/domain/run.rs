@@ -130,6 +130,15 @@ pub struct TokenUsage {
     pub output_tokens: u64,
     /// `input_tokens + output_tokens`, or the provider's own total.
     pub total_tokens: u64,
+    /// Of `output_tokens`, those spent on reasoning ("thinking"), where the provider reports
+    /// them (OpenAI `completion_tokens_details.reasoning_tokens`); 0 otherwise.
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+    /// True when some of these counts are behest's own estimate (a tokenizer count of the
+    /// request and the reply) because the provider reported no usage; false when every count
+    /// is the provider's.
+    #[serde(default)]
+    pub estimated: bool,
 }
 
 impl std::ops::AddAssign for TokenUsage {
@@ -137,6 +146,8 @@ impl std::ops::AddAssign for TokenUsage {
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
         self.total_tokens += other.total_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
+        self.estimated |= other.estimated;
     }
 }
 

@@ -402,6 +402,8 @@ impl Usage {
         });
         ModelEvent::Usage {
             usage: TokenUsage {
+                reasoning_tokens: 0,
+                estimated: false,
                 input_tokens: input,
                 output_tokens: output,
                 total_tokens: input + output,
@@ -548,6 +550,7 @@ impl Parser {
         };
         match arguments {
             Ok(arguments) if !call.id.is_empty() && !call.name.is_empty() => Some(ToolCall {
+                invalid_arguments: None,
                 id: call.id,
                 name: call.name,
                 arguments,

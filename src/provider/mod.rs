@@ -18,7 +18,9 @@ use futures::stream::BoxStream;
 
 use crate::config::{ProviderConfig, ProviderKind};
 pub use crate::domain::ErrorClass;
-use crate::domain::{ContentPart, FinishReason, Message, TokenUsage, ToolCall, ToolChoice};
+use crate::domain::{
+    ContentPart, FinishReason, Message, Reasoning, TokenUsage, ToolCall, ToolChoice,
+};
 use crate::events::CacheMetrics;
 pub use http::ReadError;
 
@@ -48,13 +50,32 @@ pub struct ModelRequest {
     pub max_output_tokens: Option<u32>,
 }
 
-/// What a model call streams, in order. Adapters guarantee: text deltas and tool-call events
-/// as they arrive; `ToolCallCompleted` for every complete call (never for one cut off);
-/// at most one `Usage`; and exactly one `Finished`, last.
+/// What a model call streams, in order. Adapters guarantee: `Retrying` only before any other
+/// event; text, reasoning and tool-call events as they arrive; `ToolCallCompleted` for every
+/// call the model started (with its arguments parsed, or [`ToolCall::invalid_arguments`] set
+/// when they are not valid JSON); at most one `Usage`; and exactly one `Finished`, last.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelEvent {
+    /// The attempt failed before any output and the call will be made again after `delay`
+    /// (emitted by [`retry::Retrying`]).
+    Retrying {
+        /// The attempt that failed, from 1.
+        attempt: u32,
+        /// Its failure class.
+        error_class: ErrorClass,
+        /// The pause before the next attempt.
+        delay: Duration,
+        /// Why the attempt failed (no secrets).
+        error: String,
+    },
     /// A piece of assistant text (never a split UTF-8 character).
     TextDelta(String),
+    /// A piece of the model's reasoning ("thinking": OpenAI-compatible `reasoning_content` /
+    /// `reasoning`, Anthropic `thinking_delta`); never answer text.
+    ReasoningDelta(String),
+    /// A complete reasoning block, as the provider must receive it again in the next request
+    /// (after its `ReasoningDelta`s; Anthropic: at the block's `content_block_stop`).
+    ReasoningCompleted(Reasoning),
     /// The model began a tool call.
     ToolCallStarted {
         /// The provider's call id.

@@ -500,6 +500,7 @@ impl Parser {
             }
             self.completed += 1;
             out.push_back(Ok(ModelEvent::ToolCallCompleted(ToolCall {
+                invalid_arguments: None,
                 id: call.id.clone(),
                 name: call.name.clone(),
                 arguments,
@@ -557,6 +558,8 @@ impl StreamParser for Parser {
             let input = usage.prompt_tokens.unwrap_or(0);
             let output = usage.completion_tokens.unwrap_or(0);
             let tokens = TokenUsage {
+                reasoning_tokens: 0,
+                estimated: false,
                 input_tokens: input,
                 output_tokens: output,
                 total_tokens: usage.total_tokens.unwrap_or(input + output),

@@ -59,6 +59,7 @@ pub(super) fn delta(id: &str, piece: &str) -> Item {
 
 pub(super) fn completed(id: &str, name: &str, arguments: Value) -> Item {
     Ok(ModelEvent::ToolCallCompleted(ToolCall {
+        invalid_arguments: None,
         id: id.to_owned(),
         name: name.to_owned(),
         arguments,
@@ -83,6 +84,7 @@ pub(super) fn joined_text(events: &[Item]) -> String {
 /// A message of a fresh run, without tool calls.
 pub(super) fn message(role: Role, content: Vec<ContentPart>) -> Message {
     Message {
+        reasoning: Vec::new(),
         id: MessageId::new(),
         session_id: SessionId::new(),
         run_id: RunId::new(),

@@ -110,6 +110,7 @@ mod tests {
 
     fn call(name: &str, arguments: serde_json::Value) -> ToolCall {
         ToolCall {
+            invalid_arguments: None,
             id: format!("call_{name}"),
             name: name.to_owned(),
             arguments,

@@ -394,6 +394,10 @@ async fn read_model_stream(
                 turn.finish_reason = reason;
                 finished = true;
             }
+            // Not yet surfaced as events (issue #8 adds `reasoning_delta` and `model_retrying`).
+            ModelEvent::Retrying { .. }
+            | ModelEvent::ReasoningDelta(_)
+            | ModelEvent::ReasoningCompleted(_) => {}
         }
     }
     if !finished {
@@ -584,6 +588,7 @@ fn new_message(
     tool_calls: Vec<ToolCall>,
 ) -> Message {
     Message {
+        reasoning: Vec::new(),
         id: MessageId::new(),
         session_id: record.session_id,
         run_id: record.id,

@@ -81,6 +81,8 @@ impl TryFrom<RunRow> for RunRecord {
                 .map(|r| FinishReason::parse(&r).ok_or_else(|| corrupt("finish_reason", r)))
                 .transpose()?,
             total_usage: TokenUsage {
+                reasoning_tokens: 0,
+                estimated: false,
                 input_tokens: count(row.input_tokens),
                 output_tokens: count(row.output_tokens),
                 total_tokens: count(row.total_tokens),
@@ -132,6 +134,8 @@ impl TryFrom<MessageRow> for Message {
             role: Role::parse(&row.role).ok_or_else(|| corrupt("role", &row.role))?,
             content: json("content", &row.content)?,
             tool_calls: json("tool_calls", &row.tool_calls)?,
+            // Not stored yet (issue #8 adds the column).
+            reasoning: Vec::new(),
             tool_call_id: row.tool_call_id,
             tool_name: row.tool_name,
             created_at: row.created_at,

@@ -467,6 +467,7 @@ pub fn timeouts() -> TimeoutConfig {
 /// A message of a fresh run with one text part.
 pub fn message(role: Role, text: &str) -> Message {
     Message {
+        reasoning: Vec::new(),
         id: MessageId::new(),
         session_id: SessionId::new(),
         run_id: RunId::new(),

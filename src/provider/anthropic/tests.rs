@@ -25,6 +25,8 @@ fn parse(body: &str) -> Vec<Item> {
 fn usage(input: u64, output: u64, creation: u64, read: u64) -> Item {
     Ok(ModelEvent::Usage {
         usage: TokenUsage {
+            reasoning_tokens: 0,
+            estimated: false,
             input_tokens: input,
             output_tokens: output,
             total_tokens: input + output,
@@ -481,11 +483,13 @@ fn parallel_tool_results_go_back_in_one_user_message_in_call_order() {
     let mut assistant = message(Role::Assistant, vec![text_part("Let me look.")]);
     assistant.tool_calls = vec![
         ToolCall {
+            invalid_arguments: None,
             id: "toolu_a".to_owned(),
             name: "get_weather".to_owned(),
             arguments: json!({"location": "Paris"}),
         },
         ToolCall {
+            invalid_arguments: None,
             id: "toolu_b".to_owned(),
             name: "get_time".to_owned(),
             arguments: json!({}),
@@ -535,6 +539,7 @@ fn parallel_tool_results_go_back_in_one_user_message_in_call_order() {
 fn empty_assistant_text_and_images_map() {
     let mut assistant = message(Role::Assistant, vec![text_part("")]);
     assistant.tool_calls = vec![ToolCall {
+        invalid_arguments: None,
         id: "toolu_a".to_owned(),
         name: "get_time".to_owned(),
         arguments: json!({}),

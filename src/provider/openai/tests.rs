@@ -51,6 +51,8 @@ fn done() -> String {
 fn usage(input: u64, output: u64, cached: Option<u64>) -> Item {
     Ok(ModelEvent::Usage {
         usage: TokenUsage {
+            reasoning_tokens: 0,
+            estimated: false,
             input_tokens: input,
             output_tokens: output,
             total_tokens: input + output,
@@ -682,11 +684,13 @@ fn request_with_tool_calls_and_results_maps_the_history() {
     let mut assistant = message(Role::Assistant, Vec::new());
     assistant.tool_calls = vec![
         ToolCall {
+            invalid_arguments: None,
             id: "call_1".to_owned(),
             name: "get_weather".to_owned(),
             arguments: json!({"location": "Paris"}),
         },
         ToolCall {
+            invalid_arguments: None,
             id: "call_2".to_owned(),
             name: "now".to_owned(),
             arguments: json!({}),
