@@ -185,9 +185,97 @@ pub struct ProviderConfig {
     pub retry: RetryConfig,
     /// Models runs may use, by name.
     pub models: BTreeMap<String, ModelConfig>,
+    /// `kind = "openai"`: the request field carrying `max_output_tokens`. Default (absent):
+    /// `max_completion_tokens` when the base URL's host is `api.openai.com` (OpenAI requires it
+    /// for reasoning models), else `max_tokens` (llama.cpp's server ignores
+    /// `max_completion_tokens`; vLLM, Ollama and LM Studio read `max_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_field: Option<MaxTokensField>,
+    /// `kind = "openai"`: the `content` of an assistant message that has tool calls and no
+    /// text; default `null` (OpenAI's own format).
+    #[serde(default)]
+    pub assistant_tool_call_content: AssistantToolCallContent,
+    /// `kind = "openai"`: which assistant messages carry their reasoning back as
+    /// `reasoning_content`; default `none`.
+    #[serde(default)]
+    pub reasoning_replay: ReasoningReplay,
+    /// `kind = "openai"`: `reasoning_effort` sent with every request (`low`, `medium`, `high`);
+    /// absent: not sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<ReasoningEffort>,
+    /// `kind = "anthropic"`: turns extended thinking on with this budget in tokens
+    /// (`"thinking": {"type": "enabled", "budget_tokens": N}`); at least 1024 and below every
+    /// model's `max_output_tokens` (checked at startup); absent: thinking off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_budget_tokens: Option<u32>,
     /// The API key, read from `api_key_env` at load time; never serialized or printed.
     #[serde(skip)]
     pub api_key: Option<Secret>,
+}
+
+/// `max_tokens_field`: the Chat Completions field that carries the output limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensField {
+    /// `max_tokens` (llama.cpp, vLLM, Ollama, LM Studio; deprecated by OpenAI).
+    MaxTokens,
+    /// `max_completion_tokens` (OpenAI; required for its reasoning models).
+    MaxCompletionTokens,
+}
+
+/// `assistant_tool_call_content`: how an assistant message with tool calls and no text
+/// carries its `content` (some compatible servers reject `null`, others `""`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AssistantToolCallContent {
+    /// `"content": null` (OpenAI's documented format).
+    #[default]
+    Null,
+    /// `"content": ""`.
+    Empty,
+    /// No `content` key.
+    Omit,
+}
+
+/// `reasoning_replay`: which assistant messages send their reasoning back as
+/// `reasoning_content` (DeepSeek thinking mode requires it for the assistant messages of a
+/// user turn that made tool calls, in every later request, and answers 400 otherwise; its
+/// older `deepseek-reasoner` rejected it anywhere, and OpenAI does not know the field).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningReplay {
+    /// Never sent.
+    #[default]
+    None,
+    /// Sent on the assistant messages between two user messages when one of them has tool
+    /// calls (what DeepSeek requires).
+    ToolTurns,
+    /// Sent on every assistant message that has reasoning.
+    All,
+}
+
+/// `reasoning_effort` of OpenAI-compatible reasoning models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningEffort {
+    /// `"low"`.
+    Low,
+    /// `"medium"`.
+    Medium,
+    /// `"high"`.
+    High,
+}
+
+impl ReasoningEffort {
+    /// The wire value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+        }
+    }
 }
 
 /// A secret that prints as `[redacted]`.
@@ -421,6 +509,7 @@ impl Config {
                     "providers.{id}.models must list at least one model"
                 )));
             }
+            provider_options_check(id, provider)?;
             if let Some(var) = &provider.api_key_env {
                 let key = std::env::var(var)
                     .ok()
@@ -437,9 +526,111 @@ impl Config {
     }
 }
 
+/// The wire-specific provider options: each only for its `kind`, and a thinking budget of at
+/// least 1024 tokens (Anthropic's minimum) below every model's `max_output_tokens`.
+fn provider_options_check(id: &str, provider: &ProviderConfig) -> Result<(), ConfigError> {
+    let wrong_kind = |key: &str, kind: &str| {
+        Err(ConfigError::Check(format!(
+            "providers.{id}.{key} applies only to kind = \"{kind}\""
+        )))
+    };
+    match provider.kind {
+        ProviderKind::Openai => {
+            if provider.thinking_budget_tokens.is_some() {
+                return wrong_kind("thinking_budget_tokens", "anthropic");
+            }
+        }
+        ProviderKind::Anthropic => {
+            if provider.max_tokens_field.is_some() {
+                return wrong_kind("max_tokens_field", "openai");
+            }
+            if provider.reasoning_effort.is_some() {
+                return wrong_kind("reasoning_effort", "openai");
+            }
+            if provider.reasoning_replay != ReasoningReplay::None {
+                return wrong_kind("reasoning_replay", "openai");
+            }
+            if provider.assistant_tool_call_content != AssistantToolCallContent::Null {
+                return wrong_kind("assistant_tool_call_content", "openai");
+            }
+        }
+    }
+    if let Some(budget) = provider.thinking_budget_tokens {
+        if budget < 1024 {
+            return Err(ConfigError::Check(format!(
+                "providers.{id}.thinking_budget_tokens must be at least 1024"
+            )));
+        }
+        if let Some((name, _)) = provider
+            .models
+            .iter()
+            .find(|(_, model)| budget >= model.max_output_tokens)
+        {
+            return Err(ConfigError::Check(format!(
+                "providers.{id}.thinking_budget_tokens must be below the max_output_tokens of model `{name}`"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn provider_options_parse_and_are_checked() -> Result<(), ConfigError> {
+        let openai = "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\nmax_tokens_field = \"max_completion_tokens\"\nassistant_tool_call_content = \"omit\"\nreasoning_replay = \"tool_turns\"\nreasoning_effort = \"high\"\n[providers.x.models.m]\ncontext_window = 10000\nmax_output_tokens = 2000\n";
+        let provider = &Config::from_toml(openai)?.providers["x"];
+        assert_eq!(
+            provider.max_tokens_field,
+            Some(MaxTokensField::MaxCompletionTokens)
+        );
+        assert_eq!(
+            provider.assistant_tool_call_content,
+            AssistantToolCallContent::Omit
+        );
+        assert_eq!(provider.reasoning_replay, ReasoningReplay::ToolTurns);
+        assert_eq!(provider.reasoning_effort, Some(ReasoningEffort::High));
+        let anthropic = |budget: u32| {
+            format!(
+                "[providers.c]\nkind = \"anthropic\"\nbase_url = \"http://h\"\nthinking_budget_tokens = {budget}\n[providers.c.models.m]\ncontext_window = 10000\nmax_output_tokens = 2000\n"
+            )
+        };
+        assert_eq!(
+            Config::from_toml(&anthropic(1999))?.providers["c"].thinking_budget_tokens,
+            Some(1999)
+        );
+        for (toml, named) in [
+            (anthropic(2000), "thinking_budget_tokens"),
+            (anthropic(1000), "thinking_budget_tokens"),
+            (
+                openai.replace("reasoning_effort = \"high\"", "reasoning_effort = \"max\""),
+                "max",
+            ),
+            (
+                openai.replace(
+                    "reasoning_effort",
+                    "thinking_budget_tokens = 2048\nreasoning_effort",
+                ),
+                "thinking_budget_tokens",
+            ),
+            (
+                anthropic(1024).replace(
+                    "thinking_budget_tokens = 1024",
+                    "reasoning_replay = \"all\"",
+                ),
+                "reasoning_replay",
+            ),
+        ] {
+            let error = Config::from_toml(&toml)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(named), "{toml}: {error}");
+        }
+        Ok(())
+    }
 
     #[test]
     fn unknown_key_is_named() {

@@ -11,7 +11,8 @@ use secrecy::SecretString;
 use serde_json::json;
 
 use behest::config::{
-    ModelConfig, ProviderConfig, ProviderKind, RetryConfig, Secret, TimeoutConfig,
+    AssistantToolCallContent, ModelConfig, ProviderConfig, ProviderKind, ReasoningReplay,
+    RetryConfig, Secret, TimeoutConfig,
 };
 use behest::domain::{ContentPart, FinishReason, Role, TokenUsage, ToolCall, ToolChoice};
 use behest::events::CacheMetrics;
@@ -40,6 +41,11 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
                 max_output_tokens: 8192,
             },
         )]),
+        max_tokens_field: None,
+        assistant_tool_call_content: AssistantToolCallContent::Null,
+        reasoning_replay: ReasoningReplay::None,
+        reasoning_effort: None,
+        thinking_budget_tokens: None,
         api_key: Some(Secret(SecretString::from(API_KEY))),
     }
 }
@@ -292,17 +298,31 @@ async fn single_tool_use_with_cache_read_tokens() -> TestResult {
 }
 
 #[tokio::test]
-async fn max_tokens_in_the_middle_of_a_tool_use_completes_no_call() -> TestResult {
+async fn max_tokens_in_the_middle_of_a_tool_use_completes_the_call_as_invalid() -> TestResult {
     let fake = FakeProvider::start().await;
     fake.push(Reply::sse(&fixture("max_tokens_in_tool_use.sse")).chunks_every(50));
     let provider = provider(&fake.base_url())?;
     let (events, error) = run(&provider, hello()).await?;
     assert_eq!(error, None);
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, ModelEvent::ToolCallStarted { .. }))
+        .count();
+    let completed: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::ToolCallCompleted(call) => Some(call),
+            _ => None,
+        })
+        .collect();
+    assert_eq!((started, completed.len()), (1, 1), "{events:?}");
+    assert_eq!(completed.first().map(|c| &c.arguments), Some(&json!({})));
     assert!(
-        !events
-            .iter()
-            .any(|e| matches!(e, ModelEvent::ToolCallCompleted(_))),
-        "{events:?}"
+        completed
+            .first()
+            .and_then(|c| c.invalid_arguments.as_deref())
+            .is_some_and(|raw| raw.ends_with("The first line of a long")),
+        "{completed:?}"
     );
     assert_eq!(
         events.last(),

@@ -10,7 +10,8 @@ use secrecy::SecretString;
 use serde_json::{Value, json};
 
 use behest::config::{
-    ModelConfig, ProviderConfig, ProviderKind, RetryConfig, Secret, TimeoutConfig,
+    AssistantToolCallContent, ModelConfig, ProviderConfig, ProviderKind, ReasoningReplay,
+    RetryConfig, Secret, TimeoutConfig,
 };
 use behest::domain::{FinishReason, Role, ToolCall, ToolChoice, ToolChoiceMode};
 use behest::provider::{ErrorClass, ModelEvent, ModelRequest, Provider, ProviderError, ToolSpec};
@@ -41,6 +42,11 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
                 max_output_tokens: 16_384,
             },
         )]),
+        max_tokens_field: None,
+        assistant_tool_call_content: AssistantToolCallContent::Null,
+        reasoning_replay: ReasoningReplay::None,
+        reasoning_effort: None,
+        thinking_budget_tokens: None,
         api_key: Some(Secret(SecretString::from(API_KEY))),
     }
 }
@@ -362,7 +368,9 @@ async fn tool_call_request_and_answer() -> TestResult {
     let requests = fake.requests();
     let body: &Value = &requests.first().ok_or("no request recorded")?.body;
     assert_eq!(body.get("tool_choice"), Some(&json!("required")));
-    assert_eq!(body.get("max_completion_tokens"), Some(&json!(256)));
+    // A local server: the limit goes in `max_tokens` (the default off api.openai.com).
+    assert_eq!(body.get("max_tokens"), Some(&json!(256)));
+    assert_eq!(body.get("max_completion_tokens"), None);
     assert_eq!(
         body.pointer("/tools/0"),
         Some(&json!({"type": "function", "function": {

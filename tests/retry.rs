@@ -12,7 +12,8 @@ use secrecy::SecretString;
 use serde_json::json;
 
 use behest::config::{
-    ModelConfig, ProviderConfig, ProviderKind, RetryConfig, Secret, TimeoutConfig,
+    AssistantToolCallContent, ModelConfig, ProviderConfig, ProviderKind, ReasoningReplay,
+    RetryConfig, Secret, TimeoutConfig,
 };
 use behest::domain::{ContentPart, Message, MessageId, Role, RunId, SessionId, ToolChoice};
 use behest::provider::{ErrorClass, ModelEvent, ModelRequest, Provider, ProviderError};
@@ -40,6 +41,11 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
                 max_output_tokens: 1_000,
             },
         )]),
+        max_tokens_field: None,
+        assistant_tool_call_content: AssistantToolCallContent::Null,
+        reasoning_replay: ReasoningReplay::None,
+        reasoning_effort: None,
+        thinking_budget_tokens: None,
         api_key: Some(Secret(SecretString::from("sk-test-retry"))),
     }
 }

@@ -13,26 +13,37 @@
 //! Decisions where the API leaves a choice:
 //! - `TokenUsage.input_tokens` is `input_tokens + cache_creation_input_tokens +
 //!   cache_read_input_tokens`: the whole prompt, comparable to OpenAI's `prompt_tokens`; the
-//!   cache figures themselves go to [`CacheMetrics`].
+//!   cache figures themselves go to [`CacheMetrics`]. Thinking tokens are part of
+//!   `output_tokens` (the API does not report them apart).
 //! - Stop reasons: `end_turn`/`stop_sequence` → `stop`, `tool_use` → `tool_calls`,
 //!   `max_tokens`/`model_context_window_exceeded` → `length`, `refusal` → `content_filter`;
 //!   `pause_turn` (a server-tool turn the client should continue) and anything else →
 //!   `unknown`, since behest uses no server tools and cannot continue such a turn.
-//! - A tool call cut off by `max_tokens` is never completed: the last tool_use block is held
-//!   back until the stop reason is known and dropped when it is `max_tokens`.
+//! - Content blocks are keyed by their `index`, so interleaved blocks stay apart. A tool call
+//!   completes at its block's `content_block_stop` (or when the stop reason comes, for a block
+//!   never stopped), also when cut by `max_tokens`: arguments that are not valid JSON go to
+//!   `invalid_arguments`. Ids are unique in the session (a duplicate gets a suffix).
+//! - Extended thinking: `thinking` blocks stream `ReasoningDelta`s (`thinking_delta`) and end
+//!   with one `ReasoningCompleted` carrying the `signature` (`signature_delta`);
+//!   `redacted_thinking` blocks end with one `ReasoningCompleted` carrying their `data`. An
+//!   assistant message's reasoning is replayed first in its turn (thinking blocks without a
+//!   signature cannot be verified by the API and are left out).
+//! - A body that ends without `message_stop` is a `transport` error.
 
 use async_trait::async_trait;
 use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::calls::{CallIds, parse_arguments};
 use super::http::{Endpoint, ReadError, excerpt};
 use super::sse::{self, Out, Step, StreamParser};
 use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
 use crate::config::ProviderConfig;
 use crate::domain::{
-    ContentPart, FinishReason, Message, Role, TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
+    ContentPart, FinishReason, Message, Reasoning, Role, TokenUsage, ToolCall, ToolChoice,
+    ToolChoiceMode,
 };
 use crate::events::CacheMetrics;
 
@@ -50,6 +61,8 @@ pub struct Anthropic {
     endpoint: Endpoint,
     /// Configured `max_output_tokens` per model, for requests without their own limit.
     max_tokens: Vec<(String, u32)>,
+    /// `thinking_budget_tokens`: extended thinking on with this budget.
+    thinking_budget: Option<u32>,
 }
 
 impl Anthropic {
@@ -66,6 +79,7 @@ impl Anthropic {
                 .iter()
                 .map(|(name, model)| (name.clone(), model.max_output_tokens))
                 .collect(),
+            thinking_budget: config.thinking_budget_tokens,
         })
     }
 
@@ -85,7 +99,7 @@ impl Anthropic {
 impl Provider for Anthropic {
     #[tracing::instrument(skip_all, fields(provider = %self.endpoint.id, model = %request.model))]
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        let body = request_body(&request, self.max_tokens(&request));
+        let body = request_body(&request, self.max_tokens(&request), self.thinking_budget);
         let mut builder = self
             .endpoint
             .post("/messages", &body)
@@ -98,10 +112,11 @@ impl Provider for Anthropic {
             .endpoint
             .open(builder, |status, body| {
                 let detail = ErrorDetail::from_body(body);
-                (classify(Some(status), &detail), detail.message)
+                (classify(status, &detail), detail.message)
             })
             .await?;
-        Ok(parse_stream(&self.endpoint.id, bytes))
+        let ids = CallIds::of_history(&request.messages);
+        Ok(sse::parse(bytes, Parser::new(&self.endpoint.id, ids)))
     }
 }
 
@@ -199,11 +214,29 @@ fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
 /// into the top-level `system`; the other messages as `user`/`assistant` turns of content
 /// blocks, consecutive messages of one side merged into one turn (so all `tool_result` blocks
 /// answering one assistant turn travel in one user message, in call order).
-fn request_body(request: &ModelRequest, max_tokens: u32) -> Value {
+///
+/// With a thinking budget, `"thinking": {"type": "enabled", "budget_tokens": N}`, N at most
+/// `max_tokens - 1`; left out when that is below the API's minimum of 1024 tokens or when the
+/// tool choice forces a tool (the API does not allow thinking then).
+fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option<u32>) -> Value {
     let mut body = Map::new();
     body.insert("model".to_owned(), json!(request.model));
     body.insert("max_tokens".to_owned(), json!(max_tokens));
     body.insert("stream".to_owned(), json!(true));
+    let forced = !request.tools.is_empty()
+        && matches!(
+            request.tool_choice,
+            ToolChoice::Mode(ToolChoiceMode::Required) | ToolChoice::Tool { .. }
+        );
+    if let Some(budget) = thinking_budget.map(|b| b.min(max_tokens.saturating_sub(1)))
+        && budget >= MIN_THINKING_BUDGET
+        && !forced
+    {
+        body.insert(
+            "thinking".to_owned(),
+            json!({"type": "enabled", "budget_tokens": budget}),
+        );
+    }
     let system: Vec<String> = request
         .messages
         .iter()
@@ -242,8 +275,13 @@ fn request_body(request: &ModelRequest, max_tokens: u32) -> Value {
     Value::Object(body)
 }
 
+/// The API's smallest thinking budget, in tokens.
+const MIN_THINKING_BUDGET: u32 = 1024;
+
 /// The `messages` array: alternating turns; messages without any block are left out (the
-/// API rejects empty content).
+/// API rejects empty content), and so are assistant messages with neither text nor tool
+/// calls (a turn of thinking alone is not a turn). An assistant message's reasoning blocks
+/// come first in its content.
 fn turns(messages: &[Message]) -> Vec<Value> {
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
     for message in messages {
@@ -252,7 +290,12 @@ fn turns(messages: &[Message]) -> Vec<Value> {
             Role::User => ("user", content_blocks(&message.content)),
             Role::Tool => ("user", vec![tool_result(message)]),
             Role::Assistant => {
-                let mut blocks = content_blocks(&message.content);
+                let said = content_blocks(&message.content);
+                if said.is_empty() && message.tool_calls.is_empty() {
+                    continue;
+                }
+                let mut blocks = reasoning_blocks(message);
+                blocks.extend(said);
                 blocks.extend(message.tool_calls.iter().map(|call| {
                     json!({
                         "type": "tool_use",
@@ -278,12 +321,31 @@ fn turns(messages: &[Message]) -> Vec<Value> {
         .collect()
 }
 
-/// Text (non-empty), JSON (as text) and image parts as content blocks.
+/// The reasoning of an assistant message as `thinking` (with its signature) and
+/// `redacted_thinking` blocks; blocks without a signature or data are left out.
+fn reasoning_blocks(message: &Message) -> Vec<Value> {
+    message
+        .reasoning
+        .iter()
+        .filter_map(|block| match (&block.redacted_data, &block.signature) {
+            (Some(data), _) => Some(json!({"type": "redacted_thinking", "data": data})),
+            (None, Some(signature)) => Some(json!({
+                "type": "thinking",
+                "thinking": block.text,
+                "signature": signature,
+            })),
+            (None, None) => None,
+        })
+        .collect()
+}
+
+/// Text (not blank: the API rejects empty and whitespace-only text blocks), JSON (as text)
+/// and image parts as content blocks.
 fn content_blocks(parts: &[ContentPart]) -> Vec<Value> {
     parts
         .iter()
         .filter_map(|part| match part {
-            ContentPart::Text { text } if text.is_empty() => None,
+            ContentPart::Text { text } if text.trim().is_empty() => None,
             ContentPart::Text { text } => Some(json!({"type": "text", "text": text})),
             ContentPart::Json { value } => Some(json!({"type": "text", "text": value.to_string()})),
             ContentPart::Image { url, mime_type } => Some(image_block(url, mime_type)),
@@ -326,17 +388,18 @@ fn tool_result(message: &Message) -> Value {
 // Response stream
 
 /// Parses a Messages event stream (the raw response body, in reads of any size) into
-/// [`ModelEvent`]s: text and tool-call events as they arrive, then at most one `Usage` and
-/// exactly one `Finished`. The stream ends after the first error: an `error` event
-/// (classified like an HTTP error), a malformed event (`server`), a read error (its class) or
-/// an end of the body before any stop reason (`transport`).
+/// [`ModelEvent`]s: text, reasoning and tool-call events as they arrive (see the module
+/// documentation), then at most one `Usage` and exactly one `Finished`. The stream ends after
+/// the first error: an `error` event (classified like an HTTP error), a malformed event
+/// (`server`), a read error (its class), a body without any event (`server`) or one that ends
+/// before `message_stop` (`transport`).
 pub fn parse_stream<S, B, E>(provider: &str, bytes: S) -> ModelStream
 where
     S: Stream<Item = Result<B, E>> + Send + 'static,
     B: AsRef<[u8]> + Send + 'static,
     E: Into<ReadError> + Send + 'static,
 {
-    sse::parse(bytes, Parser::new(provider))
+    sse::parse(bytes, Parser::new(provider, CallIds::default()))
 }
 
 /// One event's data, leniently: every field may be absent.
@@ -413,36 +476,42 @@ impl Usage {
     }
 }
 
-/// A tool_use block being assembled.
+/// A content block being streamed, by its `index`.
 #[derive(Debug)]
-struct PendingCall {
-    index: Option<u64>,
-    id: String,
-    name: String,
-    /// `content_block_start`'s `input` (`{}` when streamed), used when no delta came.
-    initial: Value,
-    arguments: String,
+enum Block {
+    /// A tool_use block.
+    Tool {
+        id: String,
+        name: String,
+        /// `content_block_start`'s `input` (`{}` when streamed), used when no delta came.
+        initial: Value,
+        arguments: String,
+    },
+    /// A thinking block: its text and signature so far.
+    Thinking { text: String, signature: String },
+    /// A redacted_thinking block and its opaque data.
+    Redacted { data: String },
+    /// Text and anything else: its deltas are handled as they come.
+    Other,
 }
 
 /// The state of one call's stream.
 struct Parser {
     provider: String,
-    /// Open tool_use blocks (normally at most one).
-    calls: Vec<PendingCall>,
-    /// The last tool call whose block stopped: held back until a later block starts or the
-    /// stop reason is known, because a `max_tokens` cut closes the cut block too.
-    held: Option<ToolCall>,
+    ids: CallIds,
+    /// Open content blocks with their index (interleaved blocks stay apart).
+    blocks: Vec<(Option<u64>, Block)>,
     stop_reason: Option<String>,
     usage: Option<Usage>,
     completed: usize,
 }
 
 impl Parser {
-    fn new(provider: &str) -> Self {
+    fn new(provider: &str, ids: CallIds) -> Self {
         Self {
             provider: provider.to_owned(),
-            calls: Vec::new(),
-            held: None,
+            ids,
+            blocks: Vec::new(),
             stop_reason: None,
             usage: None,
             completed: 0,
@@ -457,43 +526,75 @@ impl Parser {
         self.usage.get_or_insert_with(Usage::default).merge(usage);
     }
 
+    /// The open block of `index` (the last one when the event has no index).
+    fn block(&mut self, index: Option<u64>) -> Option<&mut Block> {
+        match index {
+            Some(_) => self
+                .blocks
+                .iter_mut()
+                .find(|(i, _)| *i == index)
+                .map(|(_, block)| block),
+            None => self.blocks.last_mut().map(|(_, block)| block),
+        }
+    }
+
     fn on_block_start(&mut self, data: &Data, out: &mut Out) {
-        self.release_held(out);
         let Some(block) = &data.content_block else {
             return;
         };
-        match block.get("type").and_then(Value::as_str) {
+        let field = |key: &str| {
+            block
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let open = match block.get("type").and_then(Value::as_str) {
             Some("text") => {
-                if let Some(text) = block.get("text").and_then(Value::as_str)
-                    && !text.is_empty()
-                {
-                    out.push_back(Ok(ModelEvent::TextDelta(text.to_owned())));
+                let text = field("text");
+                if !text.is_empty() {
+                    out.push_back(Ok(ModelEvent::TextDelta(text)));
                 }
+                Block::Other
             }
             Some("tool_use") => {
-                let field = |key: &str| {
-                    block
-                        .get(key)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned()
-                };
-                let call = PendingCall {
-                    index: data.index,
-                    id: field("id"),
-                    name: field("name"),
+                let id = self.ids.assign(&field("id"));
+                let name = field("name");
+                out.push_back(Ok(ModelEvent::ToolCallStarted {
+                    call_id: id.clone(),
+                    tool_name: name.clone(),
+                }));
+                Block::Tool {
+                    id,
+                    name,
                     initial: block.get("input").cloned().unwrap_or_else(|| json!({})),
                     arguments: String::new(),
-                };
-                out.push_back(Ok(ModelEvent::ToolCallStarted {
-                    call_id: call.id.clone(),
-                    tool_name: call.name.clone(),
-                }));
-                self.calls.push(call);
+                }
             }
-            // thinking, redacted_thinking, server tools: not surfaced.
-            _ => {}
+            Some("thinking") => {
+                let text = field("thinking");
+                if !text.is_empty() {
+                    out.push_back(Ok(ModelEvent::ReasoningDelta(text.clone())));
+                }
+                Block::Thinking {
+                    text,
+                    signature: field("signature"),
+                }
+            }
+            Some("redacted_thinking") => Block::Redacted {
+                data: field("data"),
+            },
+            // Server tools and block types added later: not surfaced.
+            _ => Block::Other,
+        };
+        // A block index reused before its stop replaces the old block, which is closed.
+        if let Some(position) = self.blocks.iter().position(|(i, _)| *i == data.index)
+            && data.index.is_some()
+        {
+            let (_, old) = self.blocks.remove(position);
+            self.close(old, out);
         }
+        self.blocks.push((data.index, open));
     }
 
     fn on_block_delta(&mut self, data: &Data, out: &mut Out) {
@@ -510,95 +611,100 @@ impl Parser {
             }
             Some("input_json_delta") => {
                 let json = piece("partial_json");
-                let call = match data.index {
-                    Some(index) => self.calls.iter_mut().find(|c| c.index == Some(index)),
-                    None => self.calls.last_mut(),
-                };
-                if let (Some(call), false) = (call, json.is_empty()) {
-                    call.arguments.push_str(json);
+                if let Some(Block::Tool { id, arguments, .. }) = self.block(data.index)
+                    && !json.is_empty()
+                {
+                    arguments.push_str(json);
                     out.push_back(Ok(ModelEvent::ToolCallDelta {
-                        call_id: call.id.clone(),
+                        call_id: id.clone(),
                         delta: json.to_owned(),
                     }));
                 }
             }
-            // thinking_delta, signature_delta, citations_delta: not surfaced.
+            Some("thinking_delta") => {
+                let thinking = piece("thinking");
+                if let Some(Block::Thinking { text, .. }) = self.block(data.index)
+                    && !thinking.is_empty()
+                {
+                    text.push_str(thinking);
+                    out.push_back(Ok(ModelEvent::ReasoningDelta(thinking.to_owned())));
+                }
+            }
+            Some("signature_delta") => {
+                if let Some(Block::Thinking { signature, .. }) = self.block(data.index) {
+                    signature.push_str(piece("signature"));
+                }
+            }
+            // citations_delta and delta types added later: not surfaced.
             _ => {}
         }
     }
 
-    /// A tool_use block ended: its call is parsed and held back (see [`Parser::held`]);
-    /// one whose arguments do not parse is dropped.
-    fn on_block_stop(&mut self, index: Option<u64>) {
+    fn on_block_stop(&mut self, index: Option<u64>, out: &mut Out) {
         let position = match index {
-            Some(index) => self.calls.iter().position(|c| c.index == Some(index)),
-            None => self.calls.len().checked_sub(1),
+            Some(_) => self.blocks.iter().position(|(i, _)| *i == index),
+            None => self.blocks.len().checked_sub(1),
         };
-        let Some(call) = position.map(|p| self.calls.remove(p)) else {
-            return;
-        };
-        if let Some(call) = self.parsed(call) {
-            self.held = Some(call);
+        if let Some(position) = position {
+            let (_, block) = self.blocks.remove(position);
+            self.close(block, out);
         }
     }
 
-    fn parsed(&self, call: PendingCall) -> Option<ToolCall> {
-        let arguments = if call.arguments.trim().is_empty() {
-            Ok(call.initial)
-        } else {
-            serde_json::from_str::<Value>(&call.arguments)
-        };
-        match arguments {
-            Ok(arguments) if !call.id.is_empty() && !call.name.is_empty() => Some(ToolCall {
-                invalid_arguments: None,
-                id: call.id,
-                name: call.name,
+    /// A block ended: a tool call completes (arguments parsed, or kept raw in
+    /// `invalid_arguments`), a thinking block becomes one `ReasoningCompleted`.
+    fn close(&mut self, block: Block, out: &mut Out) {
+        match block {
+            Block::Tool {
+                id,
+                name,
+                initial,
                 arguments,
-            }),
-            result => {
-                tracing::warn!(
-                    provider = %self.provider,
-                    call_id = %call.id,
-                    tool = %call.name,
-                    argument_bytes = call.arguments.len(),
-                    valid_json = result.is_ok(),
-                    "incomplete tool call dropped"
-                );
-                None
+            } => {
+                let (arguments, invalid_arguments) = if arguments.trim().is_empty() {
+                    (initial, None)
+                } else {
+                    parse_arguments(&arguments)
+                };
+                if invalid_arguments.is_some() {
+                    tracing::warn!(
+                        provider = %self.provider,
+                        call_id = %id,
+                        tool = %name,
+                        "tool call arguments are not a JSON object"
+                    );
+                }
+                self.completed += 1;
+                out.push_back(Ok(ModelEvent::ToolCallCompleted(ToolCall {
+                    id,
+                    name,
+                    arguments,
+                    invalid_arguments,
+                })));
             }
+            Block::Thinking { text, signature } => {
+                out.push_back(Ok(ModelEvent::ReasoningCompleted(Reasoning {
+                    text,
+                    signature: (!signature.is_empty()).then_some(signature),
+                    redacted_data: None,
+                })));
+            }
+            Block::Redacted { data } => {
+                out.push_back(Ok(ModelEvent::ReasoningCompleted(Reasoning {
+                    text: String::new(),
+                    signature: None,
+                    redacted_data: Some(data),
+                })));
+            }
+            Block::Other => {}
         }
     }
 
-    fn release_held(&mut self, out: &mut Out) {
-        if let Some(call) = self.held.take() {
-            self.completed += 1;
-            out.push_back(Ok(ModelEvent::ToolCallCompleted(call)));
+    /// The stop reason is known: blocks never stopped are closed now.
+    fn close_blocks(&mut self, out: &mut Out) {
+        for (_, block) in std::mem::take(&mut self.blocks) {
+            self.close(block, out);
         }
-    }
-
-    /// The stop reason is known: blocks never stopped are dropped, and the held call is
-    /// completed unless the output was cut by `max_tokens` (then it is the cut one).
-    fn close_calls(&mut self, out: &mut Out) {
-        for call in std::mem::take(&mut self.calls) {
-            tracing::warn!(
-                provider = %self.provider,
-                call_id = %call.id,
-                tool = %call.name,
-                argument_bytes = call.arguments.len(),
-                "tool call without content_block_stop dropped"
-            );
-        }
-        if self.stop_reason.as_deref() == Some("max_tokens")
-            && let Some(call) = self.held.take()
-        {
-            tracing::warn!(
-                provider = %self.provider,
-                call_id = %call.id,
-                tool = %call.name,
-                "tool call cut off by max_tokens dropped"
-            );
-        }
-        self.release_held(out);
     }
 }
 
@@ -639,7 +745,7 @@ impl StreamParser for Parser {
             }
             "content_block_start" => self.on_block_start(&parsed, out),
             "content_block_delta" => self.on_block_delta(&parsed, out),
-            "content_block_stop" => self.on_block_stop(parsed.index),
+            "content_block_stop" => self.on_block_stop(parsed.index, out),
             "message_delta" => {
                 if let Some(usage) = parsed.usage {
                     self.add_usage(usage);
@@ -651,7 +757,7 @@ impl StreamParser for Parser {
                     .and_then(Value::as_str);
                 if let Some(reason) = reason {
                     self.stop_reason = Some(reason.to_owned());
-                    self.close_calls(out);
+                    self.close_blocks(out);
                 }
             }
             "message_stop" => {
@@ -674,12 +780,16 @@ impl StreamParser for Parser {
         Step::Continue
     }
 
-    fn stop_known(&self) -> bool {
-        self.stop_reason.is_some()
+    /// Without `message_stop` the answer is incomplete: `transport`.
+    fn end_of_body(&mut self, out: &mut Out) {
+        out.push_back(Err(self.error(
+            ErrorClass::Transport,
+            "connection closed before message_stop",
+        )));
     }
 
     fn finish_events(&mut self, out: &mut Out) {
-        self.close_calls(out);
+        self.close_blocks(out);
         if let Some(usage) = self.usage.take() {
             out.push_back(Ok(usage.event()));
         }

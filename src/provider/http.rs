@@ -251,7 +251,7 @@ impl Endpoint {
     pub(super) async fn open(
         &self,
         builder: reqwest::RequestBuilder,
-        read_error: impl FnOnce(u16, &[u8]) -> (ErrorClass, Option<String>),
+        read_error: impl FnOnce(Option<u16>, &[u8]) -> (ErrorClass, Option<String>),
     ) -> Result<
         impl Stream<Item = Result<impl AsRef<[u8]> + Send + 'static, ReadError>> + Send + 'static,
         ProviderError,
@@ -281,21 +281,22 @@ fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Client, Provider
 }
 
 /// Sends a request and waits for its answer until the first-byte (or total) deadline. A 2xx
-/// answer whose body is not `application/json` is the event stream; of any other answer at
-/// most [`MAX_ERROR_BODY_BYTES`] of the body are read and handed, with the status, to
-/// `read_error`, which classifies them by the wire format's error body and returns the
-/// provider's own message when it gave one.
+/// `text/event-stream` answer (or one without a content type) is the event stream; of any
+/// other answer at most [`MAX_ERROR_BODY_BYTES`] of the body are read and handed, with the
+/// status (`None` for a 2xx), to `read_error`, which classifies them by the wire format's
+/// error body and returns the provider's own message when it gave one.
 ///
 /// # Errors
-/// `timeout` when a deadline fires, `transport` when the connection fails, `server` for a
-/// 2xx `application/json` answer where an event stream was asked for, and `read_error`'s
-/// class for a non-2xx answer, with its status, `retry-after-ms` / `retry-after` and message
-/// (see [`error_message`]).
+/// `timeout` when a deadline fires, `transport` when the connection fails, and for a 2xx that
+/// is not an event stream (see [`not_a_stream`]) `invalid_request` or `server` with status
+/// 2xx (never retried: the server would answer the same again); for a non-2xx answer
+/// `read_error`'s class, with its status, `retry-after-ms` / `retry-after` and message (see
+/// [`error_message`]).
 async fn send(
     id: &str,
     builder: reqwest::RequestBuilder,
     deadlines: &Deadlines,
-    read_error: impl FnOnce(u16, &[u8]) -> (ErrorClass, Option<String>),
+    read_error: impl FnOnce(Option<u16>, &[u8]) -> (ErrorClass, Option<String>),
 ) -> Result<reqwest::Response, ProviderError> {
     let (deadline, which) = deadlines.first_byte();
     let response = match tokio::time::timeout_at(deadline, builder.send()).await {
@@ -304,28 +305,31 @@ async fn send(
         Ok(Ok(response)) => response,
     };
     let status = response.status();
+    let content_type = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase());
     if status.is_success() {
-        let json_body = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
-        if json_body {
-            return Err(ProviderError {
-                status: Some(status.as_u16()),
-                ..ProviderError::new(
-                    id,
-                    ErrorClass::Server,
-                    "expected an event stream, got application/json",
-                )
-            });
+        if content_type
+            .as_deref()
+            .is_none_or(|v| v.starts_with("text/event-stream"))
+        {
+            return Ok(response);
         }
-        return Ok(response);
+        let status = status.as_u16();
+        let content_type = content_type.unwrap_or_default();
+        let body = read_bounded(response, deadlines.total).await;
+        let (class, message) = not_a_stream(status, &content_type, &body, read_error);
+        return Err(ProviderError {
+            status: Some(status),
+            ..ProviderError::new(id, class, message)
+        });
     }
     let status = status.as_u16();
     let retry_after = retry_after(response.headers());
     let body = read_bounded(response, deadlines.total).await;
-    let (class, message) = read_error(status, &body);
+    let (class, message) = read_error(Some(status), &body);
     Err(ProviderError {
         provider: id.to_owned(),
         class,
@@ -335,17 +339,94 @@ async fn send(
     })
 }
 
-/// The message of an error answer: the provider's `message`, else an excerpt of the body,
-/// else `HTTP {status}`; at most [`EXCERPT_CHARS`] characters either way.
+/// A 2xx answer of another content type than `text/event-stream`: a JSON error object is
+/// classified by `read_error` (some gateways answer errors with 200); any other JSON is a
+/// whole completion (`invalid_request`: the server ignored `stream: true`); HTML, an empty
+/// body or anything else is `server`. The message names the status, the content type and
+/// what arrived (see [`body_summary`]).
+fn not_a_stream(
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    read_error: impl FnOnce(Option<u16>, &[u8]) -> (ErrorClass, Option<String>),
+) -> (ErrorClass, String) {
+    let what = format!("HTTP {status} {content_type} instead of an event stream");
+    if let Ok(serde_json::Value::Object(object)) = serde_json::from_slice(body) {
+        if object.contains_key("error") {
+            let (class, message) = read_error(None, body);
+            let detail = message.map_or_else(|| body_summary(body), |m| excerpt(&m));
+            return (class, format!("{what}: {detail}"));
+        }
+        return (
+            ErrorClass::InvalidRequest,
+            format!(
+                "{what}: a JSON answer (the server ignored `stream: true`): {}",
+                body_summary(body)
+            ),
+        );
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return (ErrorClass::Server, format!("{what}: an empty body"));
+    }
+    (
+        ErrorClass::Server,
+        format!("{what}: {}", body_summary(body)),
+    )
+}
+
+/// What a body that was not expected says, briefly: an HTML page by its `<title>` (never the
+/// whole page), anything else by its first [`EXCERPT_CHARS`] characters.
+pub(super) fn body_summary(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    if is_html(&text) {
+        return match html_title(&text) {
+            Some(title) => format!("an HTML page titled \"{title}\""),
+            None => "an HTML page without a title".to_owned(),
+        };
+    }
+    excerpt(&text)
+}
+
+/// Whether a body is an HTML page (`<!doctype html`, `<html` or `<head` near its start).
+fn is_html(text: &str) -> bool {
+    let start: String = text.trim_start().chars().take(512).collect();
+    let start = start.to_ascii_lowercase();
+    start.starts_with('<')
+        && ["<!doctype html", "<html", "<head", "<body"]
+            .iter()
+            .any(|tag| start.contains(tag))
+}
+
+/// The text of an HTML page's `<title>`, whitespace collapsed, at most [`EXCERPT_CHARS`]
+/// characters.
+fn html_title(text: &str) -> Option<String> {
+    let lower = text.to_ascii_lowercase();
+    let open = lower.find("<title")?;
+    let start = open + lower.get(open..)?.find('>')? + 1;
+    let end = start + lower.get(start..)?.find("</title")?;
+    let title = text
+        .get(start..end)?
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    (!title.is_empty()).then(|| excerpt(&title))
+}
+
+/// The message of an error answer: the provider's `message`, else a summary of the body (an
+/// HTML page by its title, see [`body_summary`]), else `HTTP {status}`; at most
+/// [`EXCERPT_CHARS`] characters of the provider's text either way.
 pub(super) fn error_message(message: Option<&str>, body: &[u8], status: u16) -> String {
     if let Some(message) = message {
         return excerpt(message);
     }
-    let body = excerpt(&String::from_utf8_lossy(body));
-    if body.is_empty() {
-        format!("HTTP {status}")
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return format!("HTTP {status}");
+    }
+    let summary = body_summary(body);
+    if is_html(&String::from_utf8_lossy(body)) {
+        format!("HTTP {status}: {summary}")
     } else {
-        body
+        summary
     }
 }
 

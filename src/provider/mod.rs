@@ -2,6 +2,7 @@
 //! [`ModelEvent`]s. Providers never import the runtime or the API.
 
 pub mod anthropic;
+mod calls;
 mod http;
 pub mod openai;
 pub mod retry;

@@ -10,14 +10,18 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::calls::{CallIds, parse_arguments};
 pub use super::http::ReadError;
 use super::http::{Endpoint, excerpt};
 use super::sse::{self, Out, Step, StreamParser};
 use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
-use crate::config::ProviderConfig;
+use crate::config::{
+    AssistantToolCallContent, MaxTokensField, ProviderConfig, ReasoningEffort, ReasoningReplay,
+};
 use crate::domain::{
-    ContentPart, FinishReason, Message, Role, TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
+    ContentPart, FinishReason, Message, Reasoning, Role, TokenUsage, ToolCall, ToolChoice,
+    ToolChoiceMode,
 };
 use crate::events::CacheMetrics;
 
@@ -26,17 +30,67 @@ use crate::events::CacheMetrics;
 #[derive(Debug)]
 pub struct OpenAi {
     endpoint: Endpoint,
+    options: Options,
+}
+
+/// The provider options that shape a request (see [`ProviderConfig`]).
+#[derive(Debug, Clone, Copy)]
+struct Options {
+    max_tokens_field: MaxTokensField,
+    assistant_tool_call_content: AssistantToolCallContent,
+    reasoning_replay: ReasoningReplay,
+    reasoning_effort: Option<ReasoningEffort>,
+}
+
+/// OpenAI's own defaults (as for `https://api.openai.com/v1`).
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            max_tokens_field: MaxTokensField::MaxCompletionTokens,
+            assistant_tool_call_content: AssistantToolCallContent::Null,
+            reasoning_replay: ReasoningReplay::None,
+            reasoning_effort: None,
+        }
+    }
+}
+
+impl Options {
+    fn of(config: &ProviderConfig) -> Self {
+        Self {
+            max_tokens_field: config
+                .max_tokens_field
+                .unwrap_or_else(|| default_max_tokens_field(&config.base_url)),
+            assistant_tool_call_content: config.assistant_tool_call_content,
+            reasoning_replay: config.reasoning_replay,
+            reasoning_effort: config.reasoning_effort,
+        }
+    }
+}
+
+/// `max_completion_tokens` when the base URL's host is `api.openai.com`, else `max_tokens`.
+fn default_max_tokens_field(base_url: &str) -> MaxTokensField {
+    let host = reqwest::Url::parse(base_url)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_ascii_lowercase));
+    if host.as_deref() == Some("api.openai.com") {
+        MaxTokensField::MaxCompletionTokens
+    } else {
+        MaxTokensField::MaxTokens
+    }
 }
 
 impl OpenAi {
     /// Builds the adapter: an HTTP client with the configured connect timeout (ms), the base
-    /// URL (trailing `/` trimmed) and the API key, sent as `Authorization: Bearer` when set.
+    /// URL (trailing `/` trimmed), the API key, sent as `Authorization: Bearer` when set, and
+    /// the request options (`max_tokens_field`, `assistant_tool_call_content`,
+    /// `reasoning_replay`, `reasoning_effort`).
     ///
     /// # Errors
     /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
     pub fn new(id: &str, config: &ProviderConfig) -> Result<Self, ProviderError> {
         Ok(Self {
             endpoint: Endpoint::new(id, config)?,
+            options: Options::of(config),
         })
     }
 }
@@ -47,7 +101,7 @@ impl Provider for OpenAi {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
         let mut builder = self
             .endpoint
-            .post("/chat/completions", &request_body(&request));
+            .post("/chat/completions", &request_body(&request, &self.options));
         if let Some(key) = self.endpoint.api_key() {
             builder = builder.bearer_auth(key);
         }
@@ -56,10 +110,11 @@ impl Provider for OpenAi {
             .endpoint
             .open(builder, |status, body| {
                 let detail = ErrorDetail::from_body(body);
-                (classify(Some(status), &detail), detail.message)
+                (classify(status, &detail), detail.message)
             })
             .await?;
-        Ok(parse_stream(&self.endpoint.id, bytes))
+        let ids = CallIds::of_history(&request.messages);
+        Ok(sse::parse(bytes, Parser::new(&self.endpoint.id, ids)))
     }
 }
 
@@ -116,16 +171,25 @@ impl ErrorDetail {
             .any(|code| code.to_ascii_lowercase().contains(needle))
     }
 
+    /// OpenAI's `context_length_exceeded` code, llama.cpp's `exceed_context_size_error` type,
+    /// or the wordings of OpenAI, vLLM ("This model's maximum context length is …"), llama.cpp
+    /// ("the request exceeds the available context size"), Ollama ("prompt too long; exceeded
+    /// max context length by … tokens", "input length exceeds the context length") and
+    /// similar.
     fn is_context_length(&self) -> bool {
-        if self.has_code("context_length_exceeded") {
+        if self.has_code("context_length_exceeded") || self.has_code("exceed_context_size") {
             return true;
         }
         let message = self.message.as_deref().unwrap_or("").to_lowercase();
         [
             "maximum context length",
+            "max context length",
             "context length",
+            "context size",
             "too many tokens",
             "context window",
+            "prompt is too long",
+            "prompt too long",
         ]
         .iter()
         .any(|phrase| message.contains(phrase))
@@ -140,7 +204,7 @@ fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
         Some(429) => ErrorClass::RateLimited,
         Some(503 | 529) => ErrorClass::Overloaded,
         Some(408) => ErrorClass::Timeout,
-        Some(400 | 404 | 413 | 422) if detail.is_context_length() => {
+        Some(400 | 404 | 413 | 422 | 500) if detail.is_context_length() => {
             ErrorClass::ContextLengthExceeded
         }
         Some(400..=499) => ErrorClass::InvalidRequest,
@@ -157,18 +221,31 @@ fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
 // ---------------------------------------------------------------------------------------------
 // Request
 
-/// The JSON body of a streaming Chat Completions request.
-fn request_body(request: &ModelRequest) -> Value {
+/// The JSON body of a streaming Chat Completions request. The output limit goes in the
+/// configured `max_tokens_field`; `reasoning_effort` when configured. Assistant messages with
+/// neither text nor tool calls (nor reasoning to replay) are left out: the API rejects them.
+fn request_body(request: &ModelRequest, options: &Options) -> Value {
     let mut body = Map::new();
     body.insert("model".to_owned(), json!(request.model));
-    body.insert(
-        "messages".to_owned(),
-        Value::Array(request.messages.iter().map(message_json).collect()),
-    );
+    let replay = replayed_reasoning(&request.messages, options.reasoning_replay);
+    let messages = request
+        .messages
+        .iter()
+        .zip(replay)
+        .filter_map(|(message, replay)| message_json(message, replay, options))
+        .collect();
+    body.insert("messages".to_owned(), Value::Array(messages));
     body.insert("stream".to_owned(), json!(true));
     body.insert("stream_options".to_owned(), json!({"include_usage": true}));
     if let Some(max) = request.max_output_tokens {
-        body.insert("max_completion_tokens".to_owned(), json!(max));
+        let field = match options.max_tokens_field {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        };
+        body.insert(field.to_owned(), json!(max));
+    }
+    if let Some(effort) = options.reasoning_effort {
+        body.insert("reasoning_effort".to_owned(), json!(effort.as_str()));
     }
     if !request.tools.is_empty() {
         let tools = request
@@ -197,6 +274,39 @@ fn request_body(request: &ModelRequest) -> Value {
     Value::Object(body)
 }
 
+/// For each message, whether its reasoning goes back as `reasoning_content`: never (`none`);
+/// for the assistant messages between two user messages when one of them has tool calls
+/// (`tool_turns`, what DeepSeek's thinking mode requires); for every assistant message
+/// (`all`).
+fn replayed_reasoning(messages: &[Message], replay: ReasoningReplay) -> Vec<bool> {
+    let assistant = |m: &Message| m.role == Role::Assistant && !m.reasoning.is_empty();
+    match replay {
+        ReasoningReplay::None => vec![false; messages.len()],
+        ReasoningReplay::All => messages.iter().map(assistant).collect(),
+        ReasoningReplay::ToolTurns => {
+            let mut out = vec![false; messages.len()];
+            for turn in messages
+                .iter()
+                .enumerate()
+                .collect::<Vec<_>>()
+                .split(|(_, m)| m.role == Role::User)
+            {
+                if turn
+                    .iter()
+                    .any(|(_, m)| m.role == Role::Assistant && !m.tool_calls.is_empty())
+                {
+                    for (i, m) in turn {
+                        if let Some(slot) = out.get_mut(*i) {
+                            *slot = assistant(m);
+                        }
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
 /// A system or user message's `content`: a string, or an array of `text`/`image_url` parts
 /// when an image is present.
 fn rich_content(parts: &[ContentPart]) -> Value {
@@ -219,23 +329,45 @@ fn rich_content(parts: &[ContentPart]) -> Value {
     Value::Array(parts)
 }
 
-fn message_json(message: &Message) -> Value {
-    match message.role {
+/// A message as the API takes it; `None` for an assistant message with nothing to send.
+fn message_json(message: &Message, replay_reasoning: bool, options: &Options) -> Option<Value> {
+    Some(match message.role {
         Role::System | Role::User => json!({
             "role": message.role.as_str(),
             "content": rich_content(&message.content),
         }),
         Role::Assistant => {
             let text = text_of(&message.content);
+            let reasoning: String = message
+                .reasoning
+                .iter()
+                .map(|block| block.text.as_str())
+                .collect();
+            let replay = replay_reasoning && !reasoning.is_empty();
+            if text.is_empty() && message.tool_calls.is_empty() && !replay {
+                return None;
+            }
             let mut object = Map::new();
             object.insert("role".to_owned(), json!("assistant"));
-            let content = if text.is_empty() && !message.tool_calls.is_empty() {
-                Value::Null
+            if !text.is_empty() || message.tool_calls.is_empty() {
+                object.insert("content".to_owned(), Value::String(text));
             } else {
-                Value::String(text)
-            };
-            object.insert("content".to_owned(), content);
+                match options.assistant_tool_call_content {
+                    AssistantToolCallContent::Null => {
+                        object.insert("content".to_owned(), Value::Null);
+                    }
+                    AssistantToolCallContent::Empty => {
+                        object.insert("content".to_owned(), json!(""));
+                    }
+                    AssistantToolCallContent::Omit => {}
+                }
+            }
+            if replay {
+                object.insert("reasoning_content".to_owned(), Value::String(reasoning));
+            }
             if !message.tool_calls.is_empty() {
+                // Arguments that were not valid JSON went back as `{}` (see
+                // `ToolCall::invalid_arguments`): servers that parse them accept the request.
                 let calls = message
                     .tool_calls
                     .iter()
@@ -259,24 +391,45 @@ fn message_json(message: &Message) -> Value {
             "tool_call_id": message.tool_call_id.as_deref().unwrap_or_default(),
             "content": text_of(&message.content),
         }),
-    }
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Response stream
 
 /// Parses a Chat Completions event stream (the raw response body, in reads of any size) into
-/// [`ModelEvent`]s: text and tool-call events as they arrive, then at most one `Usage` and
-/// exactly one `Finished`. The stream ends after the first error: an `{"error": …}` chunk
-/// (classified like an HTTP error), a malformed chunk (`server`), a read error (its class) or
-/// an end of the body before any finish reason (`transport`).
+/// [`ModelEvent`]s: text, reasoning and tool-call events as they arrive, then one
+/// `ReasoningCompleted` when the model reasoned, at most one `Usage` and exactly one
+/// `Finished`.
+///
+/// What servers really send, and what comes of it:
+/// - `reasoning_content` (DeepSeek, vLLM, llama.cpp) or `reasoning` (OpenRouter, Ollama,
+///   newer vLLM) deltas are `ReasoningDelta`s, never text (when a delta has both, they are
+///   the same text and `reasoning_content` is taken).
+/// - A `refusal` delta is visible text, and the call finishes `content_filter`.
+/// - Tool-call fragments are keyed by their `index` (by id, else the last call, when a server
+///   sends none); a delta with both `tool_calls` and the legacy `function_call` (llama.cpp)
+///   is read from `tool_calls` only; a name split over fragments is joined, a name repeated
+///   whole in every fragment is kept once; a call starts when its name is known and its
+///   arguments begin (or at the end). Ids are unique in the session (see [`CallIds`]).
+/// - Every started call completes, also when cut by `length`: with arguments that are not
+///   valid JSON it carries them in `invalid_arguments` (see [`parse_arguments`]).
+/// - Usage: `prompt_tokens`, `completion_tokens`, `completion_tokens_details.reasoning_tokens`,
+///   `prompt_tokens_details.cached_tokens`; no `Usage` event when the server reported none
+///   (or only zeros).
+/// - `[DONE]` or a clean end of the body without a finish reason: `Finished(Unknown)` (a
+///   server that interrupted the generation), `ToolCalls` when calls completed.
+///
+/// The stream ends after the first error: an `{"error": …}` chunk (classified like an HTTP
+/// error), a malformed chunk (`server`), a read error (its class; a cut connection is
+/// `transport`) or a body without any event (`server`).
 pub fn parse_stream<S, B, E>(provider: &str, bytes: S) -> ModelStream
 where
     S: Stream<Item = Result<B, E>> + Send + 'static,
     B: AsRef<[u8]> + Send + 'static,
     E: Into<ReadError> + Send + 'static,
 {
-    sse::parse(bytes, Parser::new(provider))
+    sse::parse(bytes, Parser::new(provider, CallIds::default()))
 }
 
 /// One `chat.completion.chunk`, leniently: every field may be absent or null.
@@ -304,6 +457,14 @@ struct Choice {
 struct Delta {
     #[serde(default)]
     content: Option<String>,
+    /// DeepSeek, vLLM, llama.cpp.
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    /// OpenRouter, Ollama, newer vLLM.
+    #[serde(default)]
+    reasoning: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<Fragment>>,
     /// The deprecated single `function_call`, treated as a call without id.
@@ -340,6 +501,8 @@ struct Usage {
     total_tokens: Option<u64>,
     #[serde(default)]
     prompt_tokens_details: Option<PromptTokensDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -348,10 +511,18 @@ struct PromptTokensDetails {
     cached_tokens: Option<u64>,
 }
 
+#[derive(Debug, Deserialize)]
+struct CompletionTokensDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
 /// A tool call being assembled from fragments.
 #[derive(Debug, Default)]
 struct PendingCall {
     index: Option<u64>,
+    /// The id the provider sent (possibly empty); `id` is the one the call gets.
+    provider_id: String,
     id: String,
     name: String,
     arguments: String,
@@ -365,19 +536,25 @@ struct PendingCall {
 /// The state of one call's stream (choice 0 only; behest never asks for `n > 1`).
 struct Parser {
     provider: String,
+    ids: CallIds,
     calls: Vec<PendingCall>,
     last_call: Option<usize>,
+    reasoning: String,
+    refused: bool,
     finish: Option<FinishReason>,
     usage: Option<(TokenUsage, Option<CacheMetrics>)>,
     completed: usize,
 }
 
 impl Parser {
-    fn new(provider: &str) -> Self {
+    fn new(provider: &str, ids: CallIds) -> Self {
         Self {
             provider: provider.to_owned(),
+            ids,
             calls: Vec::new(),
             last_call: None,
+            reasoning: String::new(),
+            refused: false,
             finish: None,
             usage: None,
             completed: 0,
@@ -397,13 +574,13 @@ impl Parser {
                 open(call)
                     && call.index == Some(index)
                     // Some servers reuse index 0 for every call; a new id means a new call.
-                    && id.is_none_or(|id| call.id.is_empty() || call.id == id)
+                    && id.is_none_or(|id| call.provider_id.is_empty() || call.provider_id == id)
             }),
             None => match id {
                 Some(id) => self
                     .calls
                     .iter()
-                    .position(|call| open(call) && call.id == id),
+                    .position(|call| open(call) && call.provider_id == id),
                 None => self
                     .last_call
                     .filter(|&i| self.calls.get(i).is_some_and(open)),
@@ -426,15 +603,18 @@ impl Parser {
             return;
         };
         if let Some(id) = id
-            && call.id.is_empty()
+            && call.provider_id.is_empty()
         {
-            id.clone_into(&mut call.id);
+            id.clone_into(&mut call.provider_id);
         }
         let function = fragment.function.unwrap_or_default();
-        if let Some(name) = function.name.filter(|n| !n.is_empty())
-            && call.name.is_empty()
-        {
-            call.name = name;
+        if let Some(name) = function.name.filter(|n| !n.is_empty()) {
+            if call.name.is_empty() {
+                call.name = name;
+            } else if !call.started && name != call.name {
+                // A name split over fragments; a name repeated whole is kept once.
+                call.name.push_str(&name);
+            }
         }
         let piece = match function.arguments {
             Some(Value::String(piece)) => piece,
@@ -449,64 +629,124 @@ impl Parser {
                 call.arguments.push_str(&piece);
             }
         }
-        if !call.started && !call.id.is_empty() && !call.name.is_empty() {
-            call.started = true;
-            out.push_back(Ok(ModelEvent::ToolCallStarted {
-                call_id: call.id.clone(),
-                tool_name: call.name.clone(),
-            }));
+        if !call.started && !call.name.is_empty() && !call.arguments.is_empty() {
+            start(call, &mut self.ids, out);
         }
         emit_arguments(call, out);
     }
 
-    /// Completes every open call whose arguments parse (empty arguments are `{}`) and drops
-    /// the others.
+    /// Completes every open call (its arguments parsed, or kept raw in `invalid_arguments`);
+    /// a call whose name never came cannot be answered and is dropped (it never started).
     fn close_calls(&mut self, out: &mut Out) {
-        for (n, call) in self.calls.iter_mut().enumerate() {
+        for call in &mut self.calls {
             if call.closed {
                 continue;
             }
             call.closed = true;
-            let arguments = if call.arguments.trim().is_empty() {
-                Ok(json!({}))
-            } else {
-                serde_json::from_str::<Value>(&call.arguments)
-            };
-            let arguments = match (call.name.is_empty(), arguments) {
-                (false, Ok(arguments)) => arguments,
-                (_, result) => {
-                    tracing::warn!(
-                        provider = %self.provider,
-                        call_id = %call.id,
-                        tool = %call.name,
-                        argument_bytes = call.arguments.len(),
-                        valid_json = result.is_ok(),
-                        "incomplete tool call dropped"
-                    );
-                    continue;
-                }
-            };
-            if call.id.is_empty() {
-                // Servers that send no ids (legacy `function_call`, some local servers).
-                call.id = format!("call_{n}");
+            if call.name.is_empty() {
+                tracing::warn!(
+                    provider = %self.provider,
+                    call_id = %call.provider_id,
+                    argument_bytes = call.arguments.len(),
+                    "tool call without a name dropped"
+                );
+                continue;
             }
             if !call.started {
-                call.started = true;
-                out.push_back(Ok(ModelEvent::ToolCallStarted {
-                    call_id: call.id.clone(),
-                    tool_name: call.name.clone(),
-                }));
+                start(call, &mut self.ids, out);
                 emit_arguments(call, out);
+            }
+            let (arguments, invalid_arguments) = parse_arguments(&call.arguments);
+            if invalid_arguments.is_some() {
+                tracing::warn!(
+                    provider = %self.provider,
+                    call_id = %call.id,
+                    tool = %call.name,
+                    argument_bytes = call.arguments.len(),
+                    "tool call arguments are not a JSON object"
+                );
             }
             self.completed += 1;
             out.push_back(Ok(ModelEvent::ToolCallCompleted(ToolCall {
-                invalid_arguments: None,
+                invalid_arguments,
                 id: call.id.clone(),
                 name: call.name.clone(),
                 arguments,
             })));
         }
     }
+
+    fn on_usage(&mut self, usage: Usage) {
+        let input = usage.prompt_tokens.unwrap_or(0);
+        let output = usage.completion_tokens.unwrap_or(0);
+        if input == 0 && output == 0 {
+            // Servers that ignore `include_usage` but send a zeroed object: not a report.
+            return;
+        }
+        let tokens = TokenUsage {
+            reasoning_tokens: usage
+                .completion_tokens_details
+                .and_then(|details| details.reasoning_tokens)
+                .unwrap_or(0),
+            estimated: false,
+            input_tokens: input,
+            output_tokens: output,
+            total_tokens: usage.total_tokens.unwrap_or(input + output),
+        };
+        let cache = usage
+            .prompt_tokens_details
+            .and_then(|details| details.cached_tokens)
+            .map(|cached| CacheMetrics {
+                cached_input_tokens: cached,
+                ..CacheMetrics::default()
+            });
+        self.usage = Some((tokens, cache));
+    }
+
+    fn on_delta(&mut self, delta: Delta, out: &mut Out) {
+        let reasoning = delta
+            .reasoning_content
+            .filter(|t| !t.is_empty())
+            .or(delta.reasoning.filter(|t| !t.is_empty()));
+        if let Some(reasoning) = reasoning {
+            self.reasoning.push_str(&reasoning);
+            out.push_back(Ok(ModelEvent::ReasoningDelta(reasoning)));
+        }
+        if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+            out.push_back(Ok(ModelEvent::TextDelta(text)));
+        }
+        if let Some(refusal) = delta.refusal.filter(|t| !t.is_empty()) {
+            self.refused = true;
+            out.push_back(Ok(ModelEvent::TextDelta(refusal)));
+        }
+        let fragments = delta.tool_calls.unwrap_or_default();
+        if fragments.is_empty() {
+            if let Some(function) = delta.function_call {
+                self.on_fragment(
+                    Fragment {
+                        function: Some(function),
+                        ..Fragment::default()
+                    },
+                    out,
+                );
+            }
+        } else {
+            // llama.cpp's server repeats the call as `function_call` in the same delta.
+            for fragment in fragments {
+                self.on_fragment(fragment, out);
+            }
+        }
+    }
+}
+
+/// Starts a call: its unique id, then `ToolCallStarted`.
+fn start(call: &mut PendingCall, ids: &mut CallIds, out: &mut Out) {
+    call.started = true;
+    call.id = ids.assign(&call.provider_id);
+    out.push_back(Ok(ModelEvent::ToolCallStarted {
+        call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+    }));
 }
 
 impl StreamParser for Parser {
@@ -555,44 +795,14 @@ impl StreamParser for Parser {
             return Step::End;
         }
         if let Some(usage) = chunk.usage {
-            let input = usage.prompt_tokens.unwrap_or(0);
-            let output = usage.completion_tokens.unwrap_or(0);
-            let tokens = TokenUsage {
-                reasoning_tokens: 0,
-                estimated: false,
-                input_tokens: input,
-                output_tokens: output,
-                total_tokens: usage.total_tokens.unwrap_or(input + output),
-            };
-            let cache = usage
-                .prompt_tokens_details
-                .and_then(|details| details.cached_tokens)
-                .map(|cached| CacheMetrics {
-                    cached_input_tokens: cached,
-                    ..CacheMetrics::default()
-                });
-            self.usage = Some((tokens, cache));
+            self.on_usage(usage);
         }
         for choice in chunk.choices.unwrap_or_default() {
             if choice.index.unwrap_or(0) != 0 {
                 continue;
             }
             if let Some(delta) = choice.delta {
-                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-                    out.push_back(Ok(ModelEvent::TextDelta(text)));
-                }
-                for fragment in delta.tool_calls.unwrap_or_default() {
-                    self.on_fragment(fragment, out);
-                }
-                if let Some(function) = delta.function_call {
-                    self.on_fragment(
-                        Fragment {
-                            function: Some(function),
-                            ..Fragment::default()
-                        },
-                        out,
-                    );
-                }
+                self.on_delta(delta, out);
             }
             if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
                 self.finish = Some(finish_reason(&reason));
@@ -602,16 +812,29 @@ impl StreamParser for Parser {
         Step::Continue
     }
 
-    fn stop_known(&self) -> bool {
-        self.finish.is_some()
+    /// A clean end without `[DONE]` is the normal end (with `Unknown` when no finish reason
+    /// came): only a cut connection is a `transport` error.
+    fn end_of_body(&mut self, out: &mut Out) {
+        self.finish_events(out);
     }
 
     fn finish_events(&mut self, out: &mut Out) {
         self.close_calls(out);
+        if !self.reasoning.is_empty() {
+            out.push_back(Ok(ModelEvent::ReasoningCompleted(Reasoning {
+                text: std::mem::take(&mut self.reasoning),
+                signature: None,
+                redacted_data: None,
+            })));
+        }
         if let Some((usage, cache)) = self.usage.take() {
             out.push_back(Ok(ModelEvent::Usage { usage, cache }));
         }
-        let reason = sse::final_reason(self.finish, self.completed);
+        let reason = if self.refused {
+            FinishReason::ContentFilter
+        } else {
+            sse::final_reason(self.finish, self.completed)
+        };
         out.push_back(Ok(ModelEvent::Finished(reason)));
     }
 }

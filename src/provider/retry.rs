@@ -8,13 +8,21 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 
-use super::{ModelRequest, ModelStream, Provider, ProviderError};
+use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
 use crate::config::RetryConfig;
 
 /// A provider that retries the calls of `inner` that fail with a retryable
-/// [`ErrorClass`](super::ErrorClass) before their first [`ModelEvent`](super::ModelEvent):
-/// errors of [`Provider::stream`] itself and errors that are the stream's first item. Once an
-/// event was yielded, later errors pass through unchanged. Each attempt has its own timeouts.
+/// [`ErrorClass`] before their first [`ModelEvent`]: errors of [`Provider::stream`] itself and
+/// errors that are the stream's first item. Once an event was yielded, later errors pass
+/// through unchanged. Each attempt has its own timeouts.
+///
+/// When the first attempt fails and will be retried, [`Provider::stream`] returns a stream
+/// that yields [`ModelEvent::Retrying`] (the failed attempt, its class, the pause and the
+/// error's message) before each new attempt, then the events of the attempt that succeeded,
+/// or the last attempt's error. When the first attempt succeeds, or fails in a way no retry
+/// can help (a class that is not retryable, the last attempt, a `retry-after` beyond
+/// `max_retry_after_ms`, a 2xx answer that is not an event stream), it is returned as the
+/// inner provider returned it (an early error as `Err`).
 #[derive(Debug)]
 pub struct Retrying {
     id: String,
@@ -32,56 +40,139 @@ impl Retrying {
             policy,
         }
     }
+}
 
-    /// One attempt: the stream with its first event put back, or the error that came before
-    /// any event.
-    async fn attempt(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        let mut stream = self.inner.stream(request).await?;
-        match stream.next().await {
-            Some(Err(error)) => Err(error),
-            Some(Ok(first)) => Ok(futures::stream::once(async move { Ok(first) })
-                .chain(stream)
-                .boxed()),
-            None => Ok(futures::stream::empty().boxed()),
-        }
+/// One attempt: the stream with its first event put back, or the error that came before any
+/// event.
+async fn attempt(
+    inner: &dyn Provider,
+    request: ModelRequest,
+) -> Result<ModelStream, ProviderError> {
+    let mut stream = inner.stream(request).await?;
+    match stream.next().await {
+        Some(Err(error)) => Err(error),
+        Some(Ok(first)) => Ok(futures::stream::once(async move { Ok(first) })
+            .chain(stream)
+            .boxed()),
+        None => Ok(futures::stream::empty().boxed()),
     }
+}
+
+/// The pause before the attempt after `attempt` failed with `error`, or `None` when it is not
+/// retried.
+fn plan(policy: &RetryConfig, id: &str, attempt: u32, error: &ProviderError) -> Option<Duration> {
+    let wrong_answer = error.class == ErrorClass::Server
+        && error
+            .status
+            .is_some_and(|status| (200..300).contains(&status));
+    if !error.class.is_retryable() || wrong_answer || attempt >= policy.max_attempts {
+        return None;
+    }
+    let Some(delay) = delay(policy, attempt, error.retry_after) else {
+        tracing::warn!(
+            provider = %id,
+            class = error.class.as_str(),
+            attempt,
+            retry_after_ms = error.retry_after.map(|d| d.as_millis()),
+            "retry-after longer than max_retry_after_ms; not retrying"
+        );
+        return None;
+    };
+    tracing::warn!(
+        provider = %id,
+        class = error.class.as_str(),
+        status = error.status,
+        attempt,
+        max_attempts = policy.max_attempts,
+        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        error = %error.message,
+        "model call failed before any output; retrying"
+    );
+    Some(delay)
+}
+
+fn retrying_event(attempt: u32, error: &ProviderError, delay: Duration) -> ModelEvent {
+    ModelEvent::Retrying {
+        attempt,
+        error_class: error.class,
+        delay,
+        error: error.message.clone(),
+    }
+}
+
+/// What the retrying stream does next.
+enum Next {
+    /// Wait, then make the attempt after `attempt`.
+    Wait { attempt: u32, delay: Duration },
+    /// Pass on the events of an attempt that began well.
+    Stream(ModelStream),
+    /// Nothing more.
+    Done,
+}
+
+struct State {
+    id: String,
+    inner: Arc<dyn Provider>,
+    policy: RetryConfig,
+    request: ModelRequest,
+    next: Next,
 }
 
 #[async_trait]
 impl Provider for Retrying {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ProviderError> {
-        let mut attempt = 1;
-        loop {
-            let error = match self.attempt(request.clone()).await {
-                Ok(stream) => return Ok(stream),
-                Err(error) => error,
-            };
-            if !error.class.is_retryable() || attempt >= self.policy.max_attempts {
-                return Err(error);
+        let error = match attempt(self.inner.as_ref(), request.clone()).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) => error,
+        };
+        let Some(delay) = plan(&self.policy, &self.id, 1, &error) else {
+            return Err(error);
+        };
+        let first = retrying_event(1, &error, delay);
+        let state = State {
+            id: self.id.clone(),
+            inner: Arc::clone(&self.inner),
+            policy: self.policy,
+            request,
+            next: Next::Wait { attempt: 1, delay },
+        };
+        let rest = futures::stream::unfold(state, |mut state| async move {
+            loop {
+                match std::mem::replace(&mut state.next, Next::Done) {
+                    Next::Done => return None,
+                    Next::Stream(mut stream) => {
+                        let item = stream.next().await?;
+                        state.next = Next::Stream(stream);
+                        return Some((item, state));
+                    }
+                    Next::Wait {
+                        attempt: failed,
+                        delay,
+                    } => {
+                        tokio::time::sleep(delay).await;
+                        let current = failed + 1;
+                        match attempt(state.inner.as_ref(), state.request.clone()).await {
+                            Ok(stream) => state.next = Next::Stream(stream),
+                            Err(error) => {
+                                return match plan(&state.policy, &state.id, current, &error) {
+                                    Some(delay) => {
+                                        state.next = Next::Wait {
+                                            attempt: current,
+                                            delay,
+                                        };
+                                        Some((Ok(retrying_event(current, &error, delay)), state))
+                                    }
+                                    None => Some((Err(error), state)),
+                                };
+                            }
+                        }
+                    }
+                }
             }
-            let Some(delay) = delay(&self.policy, attempt, error.retry_after) else {
-                tracing::warn!(
-                    provider = %self.id,
-                    class = error.class.as_str(),
-                    attempt,
-                    retry_after_ms = error.retry_after.map(|d| d.as_millis()),
-                    "retry-after longer than max_retry_after_ms; not retrying"
-                );
-                return Err(error);
-            };
-            tracing::warn!(
-                provider = %self.id,
-                class = error.class.as_str(),
-                status = error.status,
-                attempt,
-                max_attempts = self.policy.max_attempts,
-                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                error = %error.message,
-                "model call failed before any output; retrying"
-            );
-            tokio::time::sleep(delay).await;
-            attempt += 1;
-        }
+        });
+        Ok(futures::stream::once(async move { Ok(first) })
+            .chain(rest)
+            .boxed())
     }
 }
 

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use eventsource_stream::{EventStream, EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
@@ -34,17 +35,18 @@ pub(super) trait StreamParser {
     /// `data:` lines), pushing what it yields to `out`.
     fn on_event(&mut self, event: &str, data: &str, out: &mut Out) -> Step;
 
-    /// Whether the model already said why it stopped (a finish or stop reason), so that the
-    /// body may end without the wire format's closing event.
-    fn stop_known(&self) -> bool;
+    /// The body ended cleanly (not cut) without the wire format's closing event, after at
+    /// least one event: pushes the normal end or the error that this means.
+    fn end_of_body(&mut self, out: &mut Out);
 
     /// The normal end: open tool calls closed, then `Usage` when reported, then `Finished`.
     fn finish_events(&mut self, out: &mut Out);
 }
 
 /// Runs `parser` over an event-stream body. A read error ends the stream with its class
-/// (`server` for malformed UTF-8 or SSE); a body that ends before the model said why it
-/// stopped ends it with `transport`.
+/// (`server` for malformed UTF-8 or SSE); a body that ends cleanly without any event (empty,
+/// or not an event stream at all) ends it with `server`, quoting its first bytes; any other
+/// clean end is the parser's [`StreamParser::end_of_body`].
 pub(super) fn parse<S, B, E, P>(bytes: S, parser: P) -> ModelStream
 where
     S: Stream<Item = Result<B, E>> + Send + 'static,
@@ -52,11 +54,23 @@ where
     E: Into<ReadError> + Send + 'static,
     P: StreamParser + Send + 'static,
 {
+    let head = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&head);
+    let bytes = bytes.inspect(move |read| {
+        if let Ok(read) = read {
+            let mut head = seen.lock().unwrap_or_else(PoisonError::into_inner);
+            let room = HEAD_BYTES.saturating_sub(head.len());
+            let read = read.as_ref();
+            head.extend_from_slice(read.get(..room.min(read.len())).unwrap_or_default());
+        }
+    });
     let driver = Driver {
         events: Box::pin(bytes.eventsource()),
         parser,
         out: VecDeque::new(),
         ended: false,
+        any_event: false,
+        head,
     };
     futures::stream::unfold(driver, |mut driver| async move {
         loop {
@@ -69,13 +83,23 @@ where
             match driver.events.next().await {
                 None => {
                     driver.ended = true;
-                    if driver.parser.stop_known() {
-                        driver.parser.finish_events(&mut driver.out);
+                    if driver.any_event {
+                        driver.parser.end_of_body(&mut driver.out);
                     } else {
+                        let head = driver.head.lock().unwrap_or_else(PoisonError::into_inner);
+                        let message = if head.iter().all(u8::is_ascii_whitespace) {
+                            "the answer is an empty event stream".to_owned()
+                        } else {
+                            format!(
+                                "the answer is not an event stream: {}",
+                                super::http::body_summary(&head)
+                            )
+                        };
+                        drop(head);
                         let error = ProviderError::new(
                             driver.parser.provider(),
-                            ErrorClass::Transport,
-                            "connection closed before the end of the stream",
+                            ErrorClass::Server,
+                            message,
                         );
                         driver.out.push_back(Err(error));
                     }
@@ -86,6 +110,7 @@ where
                     driver.out.push_back(Err(error));
                 }
                 Some(Ok(event)) => {
+                    driver.any_event = true;
                     let step = driver
                         .parser
                         .on_event(&event.event, &event.data, &mut driver.out);
@@ -102,7 +127,14 @@ struct Driver<S, P> {
     parser: P,
     out: Out,
     ended: bool,
+    /// Whether the body held at least one event.
+    any_event: bool,
+    /// The body's first [`HEAD_BYTES`] bytes, quoted when it holds no event.
+    head: Arc<Mutex<Vec<u8>>>,
 }
+
+/// Bytes of the body kept for an error message when it holds no event.
+const HEAD_BYTES: usize = 1024;
 
 fn read_error<E: Into<ReadError>>(provider: &str, error: EventStreamError<E>) -> ProviderError {
     match error {
@@ -125,11 +157,12 @@ fn read_error<E: Into<ReadError>>(provider: &str, error: EventStreamError<E>) ->
 
 /// The `Finished` reason of a stream that reported `reported` and completed `completed` tool
 /// calls: `tool_calls` when calls completed and the model said `stop` or nothing (some servers
-/// do), `stop` when it said nothing else, else what it said.
+/// do), `unknown` when it said nothing and made no call (a server that interrupted the
+/// generation ends the stream so), else what it said.
 pub(super) fn final_reason(reported: Option<FinishReason>, completed: usize) -> FinishReason {
     match reported {
         Some(FinishReason::Stop) | None if completed > 0 => FinishReason::ToolCalls,
         Some(reason) => reason,
-        None => FinishReason::Stop,
+        None => FinishReason::Unknown,
     }
 }

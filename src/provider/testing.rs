@@ -66,6 +66,21 @@ pub(super) fn completed(id: &str, name: &str, arguments: Value) -> Item {
     }))
 }
 
+/// A completed call whose arguments were not valid JSON: `{}` and the raw text.
+pub(super) fn invalid(id: &str, name: &str, raw: &str) -> Item {
+    Ok(ModelEvent::ToolCallCompleted(ToolCall {
+        invalid_arguments: Some(raw.to_owned()),
+        id: id.to_owned(),
+        name: name.to_owned(),
+        arguments: serde_json::json!({}),
+    }))
+}
+
+#[allow(dead_code, reason = "used by some adapters' tests only")]
+pub(super) fn reasoning(s: &str) -> Item {
+    Ok(ModelEvent::ReasoningDelta(s.to_owned()))
+}
+
 pub(super) fn finished(reason: FinishReason) -> Item {
     Ok(ModelEvent::Finished(reason))
 }

@@ -153,12 +153,11 @@ fn parallel_tool_use_blocks_and_empty_input() {
 }
 
 #[test]
-fn tool_use_cut_by_max_tokens_is_never_completed() {
+fn tool_use_cut_by_max_tokens_completes_with_its_invalid_arguments() {
     let events = parse(MAX_TOKENS);
+    let raw = "{\"path\": \"notes.md\", \"content\": \"# Notes\\n\\nThe first line of a long";
     assert!(
-        !events
-            .iter()
-            .any(|e| matches!(e, Ok(ModelEvent::ToolCallCompleted(_)))),
+        events.contains(&invalid("toolu_01C29s92sy92ns139057ns1", "write_file", raw)),
         "{events:?}"
     );
     assert_eq!(events.last(), Some(&finished(FinishReason::Length)));
@@ -202,8 +201,8 @@ fn stop_reasons_map() {
 #[test]
 fn unknown_events_and_blocks_are_skipped() {
     let extra = "event: future_event\ndata: {\"type\":\"future_event\",\"x\":1}\n\n\
-                 event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":9,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n\
-                 event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":9,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hmm\"}}\n\n\
+                 event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":9,\"content_block\":{\"type\":\"server_tool_use\",\"id\":\"srvtoolu_1\"}}\n\n\
+                 event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":9,\"delta\":{\"type\":\"future_delta\",\"x\":\"hmm\"}}\n\n\
                  event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":9}\n\n";
     let body = TEXT.replacen(
         "event: content_block_start",
@@ -265,12 +264,20 @@ fn in_stream_error_types_are_classified() {
 }
 
 #[test]
-fn end_without_message_stop_after_stop_reason_is_accepted() {
+fn end_without_message_stop_after_stop_reason_is_a_transport_error() {
     let body = TEXT.replace(
         "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
         "",
     );
-    assert_eq!(parse(&body), text_events());
+    let events = parse(&body);
+    assert_eq!(joined_text(&events), "Héllo wörld — 你好 🌍!");
+    assert_eq!(
+        error_of(&events).map(|e| (e.class, e.message.as_str())),
+        Some((
+            ErrorClass::Transport,
+            "connection closed before message_stop"
+        ))
+    );
 }
 
 #[test]
@@ -423,6 +430,7 @@ fn request_without_tools_has_no_tool_keys_and_system_on_top() {
             ToolChoice::Mode(ToolChoiceMode::Required),
         ),
         1024,
+        None,
     );
     assert_eq!(
         body,
@@ -465,6 +473,7 @@ fn tool_choices_map() {
                 choice,
             ),
             1024,
+            None,
         );
         assert_eq!(body.get("tool_choice"), Some(&expected));
         assert_eq!(
@@ -516,6 +525,7 @@ fn parallel_tool_results_go_back_in_one_user_message_in_call_order() {
             ToolChoice::default(),
         ),
         1024,
+        None,
     );
     assert_eq!(
         body.get("messages"),
@@ -560,6 +570,7 @@ fn empty_assistant_text_and_images_map() {
     let body = request_body(
         &request(vec![user, assistant], Vec::new(), ToolChoice::default()),
         1024,
+        None,
     );
     assert_eq!(
         body.get("messages"),

@@ -246,8 +246,8 @@ fn parameterless_calls_get_an_empty_object() {
         parse(&body),
         vec![
             started("c1", "now"),
-            started("c2", "today"),
             completed("c1", "now", json!({})),
+            started("c2", "today"),
             completed("c2", "today", json!({})),
             finished(FinishReason::ToolCalls),
         ]
@@ -281,7 +281,7 @@ fn cumulative_arguments_replace_the_text_so_far() {
 }
 
 #[test]
-fn id_arriving_after_arguments_starts_the_call_with_them() {
+fn call_starts_with_its_arguments_and_a_late_id_is_ignored() {
     let body = [
         chunk(json!({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{\"a\":"}}]}), None),
         chunk(json!({"tool_calls": [{"index": 0, "id": "late", "function": {"arguments": "2}"}}]}), None),
@@ -292,9 +292,10 @@ fn id_arriving_after_arguments_starts_the_call_with_them() {
     assert_eq!(
         parse(&body),
         vec![
-            started("late", "f"),
-            delta("late", "{\"a\":2}"),
-            completed("late", "f", json!({"a": 2})),
+            started("call_0", "f"),
+            delta("call_0", "{\"a\":"),
+            delta("call_0", "2}"),
+            completed("call_0", "f", json!({"a": 2})),
             finished(FinishReason::ToolCalls),
         ]
     );
@@ -346,7 +347,7 @@ fn reused_index_with_a_new_id_opens_a_new_call() {
 }
 
 #[test]
-fn call_cut_off_by_length_is_never_completed() {
+fn call_cut_off_by_length_completes_with_its_invalid_arguments() {
     let body = [
         chunk(json!({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{\"a\":\"lo"}}]}), None),
         chunk(json!({}), Some("length")),
@@ -358,6 +359,7 @@ fn call_cut_off_by_length_is_never_completed() {
         vec![
             started("c1", "f"),
             delta("c1", "{\"a\":\"lo"),
+            invalid("c1", "f", "{\"a\":\"lo"),
             finished(FinishReason::Length),
         ]
     );
@@ -378,11 +380,11 @@ fn stop_with_calls_reports_tool_calls() {
 }
 
 #[test]
-fn missing_finish_reason_is_stop_or_tool_calls() {
+fn missing_finish_reason_is_unknown_or_tool_calls() {
     let text_only = [chunk(json!({"content": "hi"}), None), done()].concat();
     assert_eq!(
         parse(&text_only),
-        vec![text("hi"), finished(FinishReason::Stop)]
+        vec![text("hi"), finished(FinishReason::Unknown)]
     );
     let with_call = [
         chunk(json!({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{}"}}]}), None),
@@ -441,17 +443,35 @@ fn end_without_done_after_finish_is_accepted() {
 }
 
 #[test]
-fn end_without_done_or_finish_is_a_transport_error() {
+fn clean_end_without_done_or_finish_is_unknown() {
     let body = [chunk(json!({"content": "a"}), None)].concat();
-    let events = parse(&body);
-    assert_eq!(events.first(), Some(&text("a")));
-    let error = error_of(&events);
-    assert_eq!(error.map(|e| e.class), Some(ErrorClass::Transport));
     assert_eq!(
-        error.map(|e| e.message.as_str()),
-        Some("connection closed before the end of the stream")
+        parse(&body),
+        vec![text("a"), finished(FinishReason::Unknown)]
     );
-    assert_eq!(events.len(), 2);
+}
+
+#[test]
+fn body_without_events_is_a_server_error_quoting_it() {
+    for (body, says) in [
+        ("", "empty event stream"),
+        ("\n\n", "empty event stream"),
+        (
+            "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>",
+            "an HTML page titled \"502 Bad Gateway\"",
+        ),
+        (
+            "{\"id\":\"chatcmpl-1\",\"choices\":[]}",
+            "{\"id\":\"chatcmpl-1\"",
+        ),
+    ] {
+        let events = parse(body);
+        assert_eq!(events.len(), 1, "{body}");
+        let error = error_of(&events);
+        assert_eq!(error.map(|e| e.class), Some(ErrorClass::Server), "{body}");
+        let message = error.map(|e| e.message.clone()).unwrap_or_default();
+        assert!(message.contains(says), "{body}: {message}");
+    }
 }
 
 #[test]
@@ -614,10 +634,16 @@ fn error_messages_prefer_the_provider_message() {
     };
     let detail = ErrorDetail::from_body(br#"{"error":{"message":"Incorrect API key provided"}}"#);
     assert_eq!(message_or(detail, b"", 401), "Incorrect API key provided");
-    let body = b"<html>upstream error</html>";
+    let body =
+        b"<html><head><title>502 Bad\n Gateway</title></head><body>upstream error</body></html>";
     assert_eq!(
         message_or(ErrorDetail::from_body(body), body, 502),
-        "<html>upstream error</html>"
+        "HTTP 502: an HTML page titled \"502 Bad Gateway\""
+    );
+    let body = format!("<html><body>{}</body></html>", "x".repeat(100_000));
+    assert_eq!(
+        message_or(ErrorDetail::default(), body.as_bytes(), 500),
+        "HTTP 500: an HTML page without a title"
     );
     assert_eq!(message_or(ErrorDetail::default(), b"", 500), "HTTP 500");
     let long = "x".repeat(1000);
@@ -645,6 +671,10 @@ fn retry_after_headers_are_read() -> TestResult {
 
 // --- request mapping -------------------------------------------------------------------------
 
+fn body_of(request: &ModelRequest) -> Value {
+    request_body(request, &Options::default())
+}
+
 fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice) -> ModelRequest {
     ModelRequest {
         model: "gpt-4o-mini".to_owned(),
@@ -657,7 +687,7 @@ fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice
 
 #[test]
 fn request_without_tools_has_no_tool_keys() {
-    let body = request_body(&request(
+    let body = body_of(&request(
         vec![
             message(Role::System, vec![text_part("Be brief.")]),
             message(Role::User, vec![text_part("Hi "), text_part("there")]),
@@ -724,7 +754,7 @@ fn request_with_tool_calls_and_results_maps_the_history() {
         },
     );
     req.max_output_tokens = Some(512);
-    let body = request_body(&req);
+    let body = request_body(&req, &Options::default());
     assert_eq!(
         body,
         json!({
@@ -764,7 +794,7 @@ fn tool_choice_modes_and_images_map() {
         (ToolChoiceMode::None, "none"),
         (ToolChoiceMode::Required, "required"),
     ] {
-        let body = request_body(&request(
+        let body = body_of(&request(
             Vec::new(),
             vec![tool.clone()],
             ToolChoice::Mode(mode),
@@ -781,7 +811,7 @@ fn tool_choice_modes_and_images_map() {
             },
         ],
     );
-    let body = request_body(&request(vec![user], Vec::new(), ToolChoice::default()));
+    let body = body_of(&request(vec![user], Vec::new(), ToolChoice::default()));
     assert_eq!(
         body.pointer("/messages/0/content"),
         Some(&json!([
