@@ -449,3 +449,89 @@ async fn stalled_stream_hits_the_idle_timeout() -> TestResult {
     assert!(started.elapsed() < Duration::from_secs(3));
     Ok(())
 }
+
+#[tokio::test]
+async fn extended_thinking_streams_and_is_replayed_first_with_its_tool_use() -> TestResult {
+    let fake = FakeProvider::start().await;
+    fake.push(Reply::sse(&fixture("thinking_interleaved_tool_use.sse")).chunks_every(71));
+    fake.push(Reply::sse(&text_stream(&["Sunny, 14:00."])));
+    let mut config = config(&fake.base_url(), timeouts());
+    config.thinking_budget_tokens = Some(2048);
+    let provider = Anthropic::new("claude", &config)?;
+    let first = hello();
+    let (events, error) = run(&provider, first.clone()).await?;
+    assert_eq!(error, None);
+    assert_eq!(text_of(&events), "Checking both.");
+    let reasoning: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::ReasoningCompleted(block) => Some(block.clone()),
+            _ => None,
+        })
+        .collect();
+    let calls: Vec<ToolCall> = events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::ToolCallCompleted(call) => Some(call.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasoning.len(), 2);
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| c.arguments.clone())
+            .collect::<Vec<_>>(),
+        vec![
+            json!({"location": "Paris"}),
+            json!({"timezone": "Europe/Paris"})
+        ]
+    );
+
+    let mut assistant = message(Role::Assistant, "Checking both.");
+    assistant.reasoning = reasoning;
+    assistant.tool_calls = calls.clone();
+    let mut second = first;
+    second.messages.push(assistant);
+    for (call, output) in calls.iter().zip(["sunny", "14:00"]) {
+        let mut result = message(Role::Tool, output);
+        result.tool_call_id = Some(call.id.clone());
+        second.messages.push(result);
+    }
+    let (events, error) = run(&provider, second).await?;
+    assert_eq!((text_of(&events).as_str(), error), ("Sunny, 14:00.", None));
+
+    let requests = fake.requests();
+    let body = &requests.get(1).ok_or("no second request")?.body;
+    assert_eq!(
+        body.get("thinking"),
+        Some(&json!({"type": "enabled", "budget_tokens": 2048}))
+    );
+    let kinds: Vec<_> = body
+        .pointer("/messages/1/content")
+        .and_then(|c| c.as_array())
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter_map(|b| b.get("type").and_then(|t| t.as_str()))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        kinds,
+        [
+            "thinking",
+            "redacted_thinking",
+            "text",
+            "tool_use",
+            "tool_use"
+        ]
+    );
+    assert_eq!(
+        body.pointer("/messages/1/content/0/signature"),
+        Some(&json!(
+            "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
+        ))
+    );
+    Ok(())
+}

@@ -10,10 +10,10 @@ use secrecy::SecretString;
 use serde_json::{Value, json};
 
 use behest::config::{
-    AssistantToolCallContent, ModelConfig, ProviderConfig, ProviderKind, ReasoningReplay,
-    RetryConfig, Secret, TimeoutConfig,
+    AssistantToolCallContent, ModelConfig, ProviderConfig, ProviderKind, ReasoningEffort,
+    ReasoningReplay, RetryConfig, Secret, TimeoutConfig,
 };
-use behest::domain::{FinishReason, Role, ToolCall, ToolChoice, ToolChoiceMode};
+use behest::domain::{FinishReason, Reasoning, Role, ToolCall, ToolChoice, ToolChoiceMode};
 use behest::provider::{ErrorClass, ModelEvent, ModelRequest, Provider, ProviderError, ToolSpec};
 use support::fake_openai::{
     FakeOpenAi, Reply, failure, fixture, message, refused_base_url, run, text_of, text_stream,
@@ -394,5 +394,207 @@ async fn tool_call_request_and_answer() -> TestResult {
             {"role": "tool", "tool_call_id": "call_prev", "content": "09:00"},
         ]))
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real servers' streams (tests/fixtures/README.md) and their follow-up requests
+
+fn tool_calls_of(events: &[ModelEvent]) -> Vec<ToolCall> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::ToolCallCompleted(call) => Some(call.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reasoning_of(events: &[ModelEvent]) -> Vec<Reasoning> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::ReasoningCompleted(block) => Some(block.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn llamacpp_tool_call_with_duplicate_function_call_is_parsed_once() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::sse(&fixture("llamacpp_reasoning_tool_call.sse")).chunks_every(97));
+    let (events, error) = run(provider(&fake.base_url())?.as_ref(), hello()).await?;
+    assert_eq!(error, None);
+    assert_eq!(text_of(&events), "");
+    assert_eq!(
+        tool_calls_of(&events),
+        vec![ToolCall {
+            id: "Z9fKq2cVbN1m".to_owned(),
+            name: "get_weather".to_owned(),
+            arguments: json!({"location": "Paris, France"}),
+            invalid_arguments: None,
+        }]
+    );
+    assert_eq!(
+        reasoning_of(&events).first().map(|r| r.text.as_str()),
+        Some("The user wants the weather in Paris. I will call get_weather.")
+    );
+    assert_eq!(
+        events.last(),
+        Some(&ModelEvent::Finished(FinishReason::ToolCalls))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn deepseek_reasoning_goes_back_with_its_tool_turn() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::sse(&fixture("deepseek_reasoning_tool_call.sse")).chunks_every(61));
+    fake.push(Reply::sse(&text_stream(&["It says hi."])));
+    let mut config = config(&fake.base_url(), timeouts());
+    config.reasoning_replay = ReasoningReplay::ToolTurns;
+    config.reasoning_effort = Some(ReasoningEffort::High);
+    let provider = behest::provider::build("fake", &config)?;
+    let first = hello();
+    let (events, error) = run(provider.as_ref(), first.clone()).await?;
+    assert_eq!(error, None);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        ModelEvent::Usage { usage, .. } if usage.reasoning_tokens == 37 && !usage.estimated
+    )));
+    // The next request carries the turn as the run loop stores it.
+    let mut assistant = message(Role::Assistant, "");
+    assistant.content.clear();
+    assistant.reasoning = reasoning_of(&events);
+    assistant.tool_calls = tool_calls_of(&events);
+    let mut result = message(Role::Tool, "hi");
+    result.tool_call_id = Some("call_00_Vw9dEfHk2mXoP4rT".to_owned());
+    let mut second = first;
+    second.messages.extend([assistant, result]);
+    let (events, error) = run(provider.as_ref(), second).await?;
+    assert_eq!((text_of(&events).as_str(), error), ("It says hi.", None));
+    let requests = fake.requests();
+    let body = &requests.get(1).ok_or("no second request")?.body;
+    assert_eq!(body.get("reasoning_effort"), Some(&json!("high")));
+    assert_eq!(
+        body.pointer("/messages/1"),
+        Some(&json!({
+            "role": "assistant",
+            "content": null,
+            "reasoning_content": "I should look up the file first.",
+            "tool_calls": [{"id": "call_00_Vw9dEfHk2mXoP4rT", "type": "function",
+                "function": {"name": "read_file", "arguments": "{\"path\":\"notes.md\"}"}}],
+        }))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn refusal_is_text_and_content_filter() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::sse(&fixture("openai_refusal.sse")).chunks_every(40));
+    let (events, error) = run(provider(&fake.base_url())?.as_ref(), hello()).await?;
+    assert_eq!(error, None);
+    assert_eq!(text_of(&events), "I'm sorry, I can't help with that.");
+    assert_eq!(
+        events.last(),
+        Some(&ModelEvent::Finished(FinishReason::ContentFilter))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn done_without_finish_reason_is_unknown_and_no_usage_is_no_event() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::sse(&fixture("no_finish_reason.sse")));
+    let (events, error) = run(provider(&fake.base_url())?.as_ref(), hello()).await?;
+    assert_eq!(error, None);
+    assert_eq!(text_of(&events), "The report covers three");
+    assert!(!events.iter().any(|e| matches!(e, ModelEvent::Usage { .. })));
+    assert_eq!(
+        events.last(),
+        Some(&ModelEvent::Finished(FinishReason::Unknown))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn garbled_arguments_complete_every_started_call() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::sse(&fixture("garbled_tool_calls.sse")).chunks_every(33));
+    let (events, error) = run(provider(&fake.base_url())?.as_ref(), hello()).await?;
+    assert_eq!(error, None);
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, ModelEvent::ToolCallStarted { .. }))
+        .count();
+    let calls = tool_calls_of(&events);
+    assert_eq!((started, calls.len()), (3, 3));
+    let invalid: Vec<_> = calls
+        .iter()
+        .map(|c| c.invalid_arguments.is_some())
+        .collect();
+    assert_eq!(invalid, [false, true, true]);
+    assert!(calls.iter().skip(1).all(|c| c.arguments == json!({})));
+    Ok(())
+}
+
+#[tokio::test]
+async fn answers_that_are_not_event_streams_say_what_arrived() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    let html = b"<!DOCTYPE html>\n<html><head><title>Sign in - Corporate Proxy</title></head><body>please log in</body></html>";
+    let completion = json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}]});
+    let bad_gateway = format!(
+        "<html><head><title>502 Bad Gateway</title></head><body>{}</body></html>",
+        "x".repeat(50_000)
+    );
+    let cases: Vec<(Reply, ErrorClass, Option<u16>, &str)> = vec![
+        (
+            Reply::raw(200, "text/html; charset=utf-8", html),
+            ErrorClass::Server,
+            Some(200),
+            "HTTP 200 text/html; charset=utf-8 instead of an event stream: an HTML page titled \"Sign in - Corporate Proxy\"",
+        ),
+        (
+            Reply::raw(200, "application/json", completion.to_string().as_bytes()),
+            ErrorClass::InvalidRequest,
+            Some(200),
+            "ignored `stream: true`",
+        ),
+        (
+            Reply::raw(200, "application/json", br#"{"error":{"message":"This model's maximum context length is 8192 tokens","code":400}}"#),
+            ErrorClass::ContextLengthExceeded,
+            Some(200),
+            "maximum context length",
+        ),
+        (
+            Reply::raw(200, "text/plain", b""),
+            ErrorClass::Server,
+            Some(200),
+            "an empty body",
+        ),
+        (
+            Reply::sse(b""),
+            ErrorClass::Server,
+            None,
+            "the answer is an empty event stream",
+        ),
+        (
+            Reply::raw(502, "text/html", bad_gateway.as_bytes()),
+            ErrorClass::Server,
+            Some(502),
+            "HTTP 502: an HTML page titled \"502 Bad Gateway\"",
+        ),
+    ];
+    for (reply, class, status, says) in cases {
+        fake.push(reply);
+        let error = failure(provider(&fake.base_url())?.as_ref(), hello())
+            .await
+            .ok_or("the call succeeded")?;
+        assert_eq!((error.class, error.status), (class, status), "{error:?}");
+        assert!(error.message.contains(says), "{says}: {}", error.message);
+        assert!(error.message.len() < 400, "{}", error.message);
+    }
     Ok(())
 }

@@ -246,3 +246,78 @@ async fn anthropic_error_after_text_is_not_retried() -> TestResult {
     assert_eq!(fake.requests().len(), 1);
     Ok(())
 }
+
+#[tokio::test]
+async fn each_retry_is_an_event_before_the_answer() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    fake.push(rate_limited().header("retry-after", "0"));
+    fake.push(Reply::status(500, json!({"error": {"message": "boom"}})));
+    fake.push(Reply::sse(&text_stream(&["Hi"])));
+    let provider = provider(ProviderKind::Openai, &fake, fast(3));
+    let mut stream = provider.stream(hello()).await?;
+    let mut events = Vec::new();
+    while let Some(item) = stream.next().await {
+        events.push(item?);
+    }
+    let retries: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::Retrying {
+                attempt,
+                error_class,
+                delay,
+                error,
+            } => Some((*attempt, *error_class, *delay, error.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        retries.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
+        vec![(1, ErrorClass::RateLimited), (2, ErrorClass::Server)]
+    );
+    assert_eq!(retries.first().map(|r| r.2), Some(Duration::ZERO));
+    assert_eq!(retries.get(1).map(|r| r.3.as_str()), Some("boom"));
+    // The retries come first, then the successful attempt's events.
+    assert!(matches!(events.first(), Some(ModelEvent::Retrying { .. })));
+    assert!(matches!(events.get(1), Some(ModelEvent::Retrying { .. })));
+    assert_eq!(events.get(2), Some(&ModelEvent::TextDelta("Hi".to_owned())));
+    assert_eq!(fake.requests().len(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn last_attempt_error_ends_the_stream_after_its_retry_events() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    for _ in 0..2 {
+        fake.push(rate_limited().header("retry-after", "0"));
+    }
+    let provider = provider(ProviderKind::Openai, &fake, fast(2));
+    let mut stream = provider.stream(hello()).await?;
+    let first = stream.next().await;
+    assert!(
+        matches!(first, Some(Ok(ModelEvent::Retrying { attempt: 1, .. }))),
+        "{first:?}"
+    );
+    let second = stream.next().await;
+    assert_eq!(
+        second.and_then(Result::err).map(|e| e.class),
+        Some(ErrorClass::RateLimited)
+    );
+    assert!(stream.next().await.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_page_that_is_not_a_stream_is_not_retried() -> TestResult {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::raw(
+        200,
+        "text/html",
+        b"<html><head><title>Captive portal</title></head></html>",
+    ));
+    let provider = provider(ProviderKind::Openai, &fake, fast(3));
+    let (_, error) = call(provider.as_ref()).await;
+    assert_eq!(error.map(|e| e.class), Some(ErrorClass::Server));
+    assert_eq!(fake.requests().len(), 1);
+    Ok(())
+}

@@ -76,7 +76,6 @@ pub(super) fn invalid(id: &str, name: &str, raw: &str) -> Item {
     }))
 }
 
-#[allow(dead_code, reason = "used by some adapters' tests only")]
 pub(super) fn reasoning(s: &str) -> Item {
     Ok(ModelEvent::ReasoningDelta(s.to_owned()))
 }

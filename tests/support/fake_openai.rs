@@ -102,6 +102,12 @@ impl Reply {
         )
     }
 
+    /// An answer with this status, content type and exact body (e.g. an HTML page, or a JSON
+    /// completion where a stream was asked for).
+    pub fn raw(status: u16, content_type: &'static str, bytes: &[u8]) -> Self {
+        Self::new(status, content_type, bytes.to_vec(), Ending::Complete)
+    }
+
     /// A `200 text/event-stream` answer that sends `bytes`, then keeps the connection open and
     /// sends nothing more.
     pub fn stall_after(bytes: &[u8]) -> Self {

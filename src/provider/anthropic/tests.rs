@@ -585,3 +585,186 @@ fn empty_assistant_text_and_images_map() {
         ]))
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Extended thinking, interleaved blocks, ids, request shape
+
+const THINKING: &str =
+    include_str!("../../../tests/fixtures/anthropic/thinking_interleaved_tool_use.sse");
+
+const SIGNATURE: &str = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds";
+const REDACTED: &str = "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpP";
+
+#[test]
+fn thinking_redacted_thinking_and_interleaved_tool_use_blocks() {
+    let weather = "toolu_01A09q90qw90lq917835lq9";
+    let time = "toolu_01B18r81rx81mr826924mr8";
+    let expected = vec![
+        reasoning("The user wants weather and time. "),
+        reasoning("Two independent calls."),
+        Ok(ModelEvent::ReasoningCompleted(Reasoning {
+            text: "The user wants weather and time. Two independent calls.".to_owned(),
+            signature: Some(SIGNATURE.to_owned()),
+            redacted_data: None,
+        })),
+        Ok(ModelEvent::ReasoningCompleted(Reasoning {
+            text: String::new(),
+            signature: None,
+            redacted_data: Some(REDACTED.to_owned()),
+        })),
+        text("Checking both."),
+        started(weather, "get_weather"),
+        started(time, "get_time"),
+        delta(weather, "{\"location\": "),
+        delta(time, "{\"timezone\": "),
+        delta(weather, "\"Paris\"}"),
+        completed(weather, "get_weather", json!({"location": "Paris"})),
+        delta(time, "\"Europe/Paris\"}"),
+        completed(time, "get_time", json!({"timezone": "Europe/Paris"})),
+        usage(480, 164, 0, 0),
+        finished(FinishReason::ToolCalls),
+    ];
+    assert_eq!(parse(THINKING), expected);
+    assert_eq!(parse_reads(bytewise(THINKING.as_bytes())), expected);
+    for at in (0..THINKING.len()).step_by(11) {
+        assert_eq!(
+            parse_reads(split(THINKING.as_bytes(), at)),
+            expected,
+            "{at}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_and_missing_tool_use_ids_are_made_unique() {
+    let block = |index: u64, id: &str| {
+        format!(
+            "event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":{index},\"content_block\":{{\"type\":\"tool_use\",\"id\":\"{id}\",\"name\":\"f\",\"input\":{{}}}}}}\n\n\
+             event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":{index}}}\n\n"
+        )
+    };
+    let start = TEXT.find("event: content_block_start").unwrap_or(0);
+    let end = TEXT.find("event: message_delta").unwrap_or(0);
+    let body = format!(
+        "{}{}{}{}{}",
+        TEXT.get(..start).unwrap_or_default(),
+        block(0, "toolu_same"),
+        block(1, "toolu_same"),
+        block(2, ""),
+        TEXT.get(end..)
+            .unwrap_or_default()
+            .replace("end_turn", "tool_use"),
+    );
+    let ids: Vec<String> = parse(&body)
+        .iter()
+        .filter_map(|e| match e {
+            Ok(ModelEvent::ToolCallCompleted(call)) => Some(call.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["toolu_same", "toolu_same_2", "call_0"]);
+}
+
+fn assistant_with(text: &str, reasoning: Vec<Reasoning>, calls: bool) -> Message {
+    let mut m = message(Role::Assistant, vec![text_part(text)]);
+    m.reasoning = reasoning;
+    if calls {
+        m.tool_calls = vec![ToolCall {
+            id: "toolu_1".to_owned(),
+            name: "get_weather".to_owned(),
+            arguments: json!({}),
+            invalid_arguments: Some("{\"location\": ".to_owned()),
+        }];
+    }
+    m
+}
+
+#[test]
+fn reasoning_is_replayed_first_and_empty_turns_are_left_out() {
+    let thinking = Reasoning {
+        text: "think".to_owned(),
+        signature: Some(SIGNATURE.to_owned()),
+        redacted_data: None,
+    };
+    let redacted = Reasoning {
+        text: String::new(),
+        signature: None,
+        redacted_data: Some(REDACTED.to_owned()),
+    };
+    let unsigned = Reasoning {
+        text: "no signature".to_owned(),
+        signature: None,
+        redacted_data: None,
+    };
+    let messages = vec![
+        message(Role::User, vec![text_part("Weather?")]),
+        // Empty and blank assistant turns, and one of thinking alone: left out.
+        assistant_with("", Vec::new(), false),
+        assistant_with("  \n", vec![thinking.clone()], false),
+        assistant_with("", vec![thinking, redacted, unsigned], true),
+        tool_message("toolu_1", text_part("error: invalid arguments")),
+    ];
+    let body = request_body(
+        &request(messages, vec![weather_tool()], ToolChoice::default()),
+        2048,
+        Some(1500),
+    );
+    assert_eq!(
+        body.get("thinking"),
+        Some(&json!({"type": "enabled", "budget_tokens": 1500}))
+    );
+    assert_eq!(
+        body.get("messages"),
+        Some(&json!([
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "think", "signature": SIGNATURE},
+                {"type": "redacted_thinking", "data": REDACTED},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "error: invalid arguments", "is_error": true},
+            ]},
+        ]))
+    );
+}
+
+#[test]
+fn thinking_budget_is_bounded_by_max_tokens_and_off_for_forced_tools() {
+    let hi = vec![message(Role::User, vec![text_part("Hi")])];
+    let budget = |max_tokens, choice| {
+        request_body(
+            &request(hi.clone(), vec![weather_tool()], choice),
+            max_tokens,
+            Some(4000),
+        )
+        .get("thinking")
+        .cloned()
+    };
+    assert_eq!(
+        budget(8000, ToolChoice::default()),
+        Some(json!({"type": "enabled", "budget_tokens": 4000}))
+    );
+    assert_eq!(
+        budget(3000, ToolChoice::default()),
+        Some(json!({"type": "enabled", "budget_tokens": 2999}))
+    );
+    assert_eq!(budget(1000, ToolChoice::default()), None);
+    assert_eq!(
+        budget(8000, ToolChoice::Mode(ToolChoiceMode::Required)),
+        None
+    );
+    assert_eq!(
+        request_body(&request(hi, Vec::new(), ToolChoice::default()), 8000, None).get("thinking"),
+        None
+    );
+}
+
+#[test]
+fn prompt_too_long_is_context_length_exceeded() {
+    let body = anthropic_error(
+        "invalid_request_error",
+        "prompt is too long: 208310 tokens > 200000 maximum",
+    );
+    assert_eq!(class_of(400, &body), ErrorClass::ContextLengthExceeded);
+}

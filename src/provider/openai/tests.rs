@@ -831,3 +831,475 @@ fn adapter_keeps_the_base_url_without_trailing_slash() -> TestResult {
     assert_eq!(adapter.endpoint.base_url, "http://127.0.0.1:9/v1");
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Streams of real servers (tests/fixtures/README.md)
+
+const LLAMACPP: &str =
+    include_str!("../../../tests/fixtures/openai/llamacpp_reasoning_tool_call.sse");
+const VLLM: &str = include_str!("../../../tests/fixtures/openai/vllm_reasoning_text.sse");
+const OLLAMA: &str = include_str!("../../../tests/fixtures/openai/ollama_reasoning_tool_call.sse");
+const DEEPSEEK: &str =
+    include_str!("../../../tests/fixtures/openai/deepseek_reasoning_tool_call.sse");
+const REFUSAL: &str = include_str!("../../../tests/fixtures/openai/openai_refusal.sse");
+const REASONING_TOKENS: &str =
+    include_str!("../../../tests/fixtures/openai/openai_reasoning_tokens.sse");
+const NO_FINISH: &str = include_str!("../../../tests/fixtures/openai/no_finish_reason.sse");
+const GARBLED: &str = include_str!("../../../tests/fixtures/openai/garbled_tool_calls.sse");
+
+fn reasoning_completed(text: &str) -> Item {
+    Ok(ModelEvent::ReasoningCompleted(Reasoning {
+        text: text.to_owned(),
+        signature: None,
+        redacted_data: None,
+    }))
+}
+
+fn usage_with_reasoning(input: u64, output: u64, reasoning: u64, cached: Option<u64>) -> Item {
+    Ok(ModelEvent::Usage {
+        usage: TokenUsage {
+            reasoning_tokens: reasoning,
+            estimated: false,
+            input_tokens: input,
+            output_tokens: output,
+            total_tokens: input + output,
+        },
+        cache: cached.map(|cached| CacheMetrics {
+            cached_input_tokens: cached,
+            ..CacheMetrics::default()
+        }),
+    })
+}
+
+/// The same events whatever the reads: whole, one byte each, split at every 7th byte.
+fn parse_every_way(body: &str) -> Vec<Item> {
+    let events = parse(body);
+    assert_eq!(parse_reads(bytewise(body.as_bytes())), events);
+    for at in (0..body.len()).step_by(7) {
+        assert_eq!(
+            parse_reads(split(body.as_bytes(), at)),
+            events,
+            "split at {at}"
+        );
+    }
+    events
+}
+
+#[test]
+fn llamacpp_tool_call_with_function_call_duplicate_is_not_doubled() {
+    assert_eq!(
+        parse_every_way(LLAMACPP),
+        vec![
+            reasoning("The user wants "),
+            reasoning("the weather in Paris. "),
+            reasoning("I will call get_weather."),
+            started("Z9fKq2cVbN1m", "get_weather"),
+            delta("Z9fKq2cVbN1m", "{\"location\":"),
+            delta("Z9fKq2cVbN1m", "\"Paris, France\""),
+            delta("Z9fKq2cVbN1m", "}"),
+            completed(
+                "Z9fKq2cVbN1m",
+                "get_weather",
+                json!({"location": "Paris, France"})
+            ),
+            reasoning_completed("The user wants the weather in Paris. I will call get_weather."),
+            usage_with_reasoning(212, 41, 0, None),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn vllm_reasoning_content_is_never_text() {
+    assert_eq!(
+        parse_every_way(VLLM),
+        vec![
+            reasoning("2 + 2: "),
+            reasoning("add the units."),
+            text("The answer "),
+            text("is 4."),
+            reasoning_completed("2 + 2: add the units."),
+            usage_with_reasoning(18, 43, 0, None),
+            finished(FinishReason::Stop),
+        ]
+    );
+}
+
+#[test]
+fn ollama_reasoning_and_whole_call_without_usage() {
+    assert_eq!(
+        parse_every_way(OLLAMA),
+        vec![
+            reasoning("Need the time "),
+            reasoning("in Tokyo."),
+            started("call_k3b9x2lq", "get_time"),
+            delta("call_k3b9x2lq", "{\"timezone\":\"Asia/Tokyo\"}"),
+            completed(
+                "call_k3b9x2lq",
+                "get_time",
+                json!({"timezone": "Asia/Tokyo"})
+            ),
+            reasoning_completed("Need the time in Tokyo."),
+            // No usage reported: no Usage event (never zeros).
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn deepseek_reasoning_tool_call_and_reasoning_tokens() {
+    let id = "call_00_Vw9dEfHk2mXoP4rT";
+    assert_eq!(
+        parse_every_way(DEEPSEEK),
+        vec![
+            reasoning("I should look "),
+            reasoning("up the file first."),
+            started(id, "read_file"),
+            delta(id, "{\"path\""),
+            delta(id, ": \"notes.md\"}"),
+            completed(id, "read_file", json!({"path": "notes.md"})),
+            reasoning_completed("I should look up the file first."),
+            usage_with_reasoning(320, 58, 37, Some(256)),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn refusal_is_visible_text_and_content_filter() {
+    assert_eq!(
+        parse_every_way(REFUSAL),
+        vec![
+            text("I'm sorry, "),
+            text("I can't help with that."),
+            usage_with_reasoning(25, 9, 0, Some(0)),
+            finished(FinishReason::ContentFilter),
+        ]
+    );
+}
+
+#[test]
+fn reasoning_tokens_of_openai_usage_are_counted() {
+    assert_eq!(
+        parse_every_way(REASONING_TOKENS),
+        vec![
+            text("Paris "),
+            text("is the capital."),
+            usage_with_reasoning(14, 210, 192, Some(0)),
+            finished(FinishReason::Stop),
+        ]
+    );
+}
+
+#[test]
+fn done_without_finish_reason_is_unknown() {
+    assert_eq!(
+        parse_every_way(NO_FINISH),
+        vec![
+            text("The report "),
+            text("covers three"),
+            finished(FinishReason::Unknown),
+        ]
+    );
+}
+
+#[test]
+fn garbled_arguments_complete_every_call() {
+    let events = parse_every_way(GARBLED);
+    let completed: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, Ok(ModelEvent::ToolCallCompleted(_))))
+        .cloned()
+        .collect();
+    assert_eq!(
+        completed,
+        vec![
+            // A raw newline inside a string: escaped, the call is valid.
+            super::super::testing::completed(
+                "c0",
+                "write_file",
+                json!({"path": "a.py", "content": "print(1)\nprint(2)"})
+            ),
+            invalid(
+                "c1",
+                "get_weather",
+                "{\"location\":\"Paris\"}{\"location\":\"Paris\"}"
+            ),
+            invalid(
+                "c2",
+                "write_file",
+                "{\"path\":\"b.md\",\"content\":\"# Long"
+            ),
+        ]
+    );
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, Ok(ModelEvent::ToolCallStarted { .. })))
+        .count();
+    assert_eq!(started, 3);
+    assert_eq!(events.last(), Some(&finished(FinishReason::Length)));
+}
+
+#[test]
+fn split_names_join_and_repeated_names_do_not() {
+    let body = [
+        chunk(json!({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "get_"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"name": "weather"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "get_time", "arguments": ""}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "get_time", "arguments": "{\"tz\":"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "get_time", "arguments": "1}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            started("a", "get_weather"),
+            delta("a", "{}"),
+            started("b", "get_time"),
+            delta("b", "{\"tz\":"),
+            delta("b", "1}"),
+            completed("a", "get_weather", json!({})),
+            completed("b", "get_time", json!({"tz": 1})),
+            finished(FinishReason::ToolCalls),
+        ]
+    );
+}
+
+#[test]
+fn duplicate_and_missing_ids_are_made_unique() {
+    let body = [
+        chunk(json!({"tool_calls": [{"index": 0, "id": "call_0", "function": {"name": "f", "arguments": "{}"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 1, "id": "call_0", "function": {"name": "g", "arguments": "{}"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 2, "function": {"name": "h", "arguments": "{}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+        done(),
+    ]
+    .concat();
+    let events = parse(&body);
+    let ids: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(ModelEvent::ToolCallCompleted(call)) => Some(call.id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["call_0", "call_0_2", "call_1"]);
+    // Ids of the history are taken too: a server reusing `call_0` in every turn.
+    let mut history = message(Role::Assistant, Vec::new());
+    history.tool_calls = vec![ToolCall {
+        id: "call_0".to_owned(),
+        name: "f".to_owned(),
+        arguments: json!({}),
+        invalid_arguments: None,
+    }];
+    let reads: Vec<Result<Vec<u8>, Infallible>> = vec![Ok(body.into_bytes())];
+    let stream = sse::parse(
+        futures::stream::iter(reads),
+        Parser::new("test", CallIds::of_history(&[history])),
+    );
+    let events: Vec<Item> = futures::executor::block_on(stream.collect());
+    assert!(
+        events.contains(&completed("call_0_2", "f", json!({}))),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn zero_usage_is_not_reported() {
+    let body = [
+        chunk(json!({"content": "a"}), Some("stop")),
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":0,\"completion_tokens\":0,\"total_tokens\":0}}\n\n".to_owned(),
+        done(),
+    ]
+    .concat();
+    assert_eq!(parse(&body), vec![text("a"), finished(FinishReason::Stop)]);
+}
+
+#[test]
+fn context_length_wordings_of_compatible_servers_are_classified() {
+    for body in [
+        r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.","type":"BadRequestError","code":400}}"#,
+        r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":8192}}"#,
+        r#"{"error":{"message":"prompt too long; exceeded max context length by 120 tokens","type":"api_error"}}"#,
+        r#"{"error":{"message":"Context length exceeded","type":"invalid_request_error","code":"context_length_exceeded"}}"#,
+    ] {
+        assert_eq!(
+            class_of(400, body),
+            ErrorClass::ContextLengthExceeded,
+            "{body}"
+        );
+    }
+    let llamacpp = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#;
+    assert_eq!(
+        classify(None, &ErrorDetail::from_body(llamacpp.as_bytes())),
+        ErrorClass::ContextLengthExceeded
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request options
+
+fn with_tool_call(text: &str, reasoning: &str) -> Message {
+    let mut m = message(Role::Assistant, vec![text_part(text)]);
+    if text.is_empty() {
+        m.content.clear();
+    }
+    if !reasoning.is_empty() {
+        m.reasoning = vec![Reasoning {
+            text: reasoning.to_owned(),
+            signature: None,
+            redacted_data: None,
+        }];
+    }
+    m.tool_calls = vec![ToolCall {
+        id: "c1".to_owned(),
+        name: "f".to_owned(),
+        arguments: json!({}),
+        invalid_arguments: None,
+    }];
+    m
+}
+
+fn tool_result_message() -> Message {
+    let mut m = message(Role::Tool, vec![text_part("ok")]);
+    m.tool_call_id = Some("c1".to_owned());
+    m
+}
+
+#[test]
+fn empty_assistant_messages_are_left_out() {
+    let empty = message(Role::Assistant, Vec::new());
+    let blank = message(Role::Assistant, vec![text_part("")]);
+    let body = body_of(&request(
+        vec![
+            message(Role::User, vec![text_part("a")]),
+            empty,
+            blank,
+            message(Role::User, vec![text_part("b")]),
+        ],
+        Vec::new(),
+        ToolChoice::default(),
+    ));
+    assert_eq!(
+        body.get("messages"),
+        Some(&json!([
+            {"role": "user", "content": "a"},
+            {"role": "user", "content": "b"},
+        ]))
+    );
+}
+
+#[test]
+fn assistant_tool_call_content_option_and_max_tokens_field() {
+    let messages = vec![
+        message(Role::User, vec![text_part("go")]),
+        with_tool_call("", ""),
+        tool_result_message(),
+    ];
+    let mut req = request(messages, Vec::new(), ToolChoice::default());
+    req.max_output_tokens = Some(100);
+    for (content, expected) in [
+        (AssistantToolCallContent::Null, Some(Value::Null)),
+        (AssistantToolCallContent::Empty, Some(json!(""))),
+        (AssistantToolCallContent::Omit, None),
+    ] {
+        let options = Options {
+            assistant_tool_call_content: content,
+            max_tokens_field: MaxTokensField::MaxTokens,
+            ..Options::default()
+        };
+        let body = request_body(&req, &options);
+        assert_eq!(
+            body.pointer("/messages/1/content"),
+            expected.as_ref(),
+            "{content:?}"
+        );
+        assert!(body.pointer("/messages/1/tool_calls/0").is_some());
+        assert_eq!(body.get("max_tokens"), Some(&json!(100)));
+        assert_eq!(body.get("max_completion_tokens"), None);
+    }
+    assert_eq!(
+        default_max_tokens_field("https://api.openai.com/v1"),
+        MaxTokensField::MaxCompletionTokens
+    );
+    for url in [
+        "http://127.0.0.1:8080/v1",
+        "https://api.deepseek.com",
+        "https://openrouter.ai/api/v1",
+    ] {
+        assert_eq!(
+            default_max_tokens_field(url),
+            MaxTokensField::MaxTokens,
+            "{url}"
+        );
+    }
+}
+
+#[test]
+fn reasoning_replay_follows_the_option() {
+    let messages = vec![
+        message(Role::User, vec![text_part("q1")]),
+        {
+            let mut m = message(Role::Assistant, vec![text_part("plain answer")]);
+            m.reasoning = vec![Reasoning {
+                text: "no tools here".to_owned(),
+                signature: None,
+                redacted_data: None,
+            }];
+            m
+        },
+        message(Role::User, vec![text_part("q2")]),
+        with_tool_call("", "need a tool"),
+        tool_result_message(),
+        {
+            let mut m = message(Role::Assistant, vec![text_part("done")]);
+            m.reasoning = vec![Reasoning {
+                text: "got it".to_owned(),
+                signature: None,
+                redacted_data: None,
+            }];
+            m
+        },
+    ];
+    let req = request(messages, Vec::new(), ToolChoice::default());
+    let replayed = |replay| {
+        let body = request_body(
+            &req,
+            &Options {
+                reasoning_replay: replay,
+                reasoning_effort: Some(ReasoningEffort::Low),
+                ..Options::default()
+            },
+        );
+        assert_eq!(body.get("reasoning_effort"), Some(&json!("low")));
+        body.get("messages")
+            .and_then(Value::as_array)
+            .map(|messages| {
+                messages
+                    .iter()
+                    .map(|m| m.get("reasoning_content").cloned())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let some = |s: &str| Some(json!(s));
+    assert_eq!(replayed(ReasoningReplay::None), vec![None; 6]);
+    assert_eq!(
+        replayed(ReasoningReplay::ToolTurns),
+        vec![None, None, None, some("need a tool"), None, some("got it")]
+    );
+    assert_eq!(
+        replayed(ReasoningReplay::All),
+        vec![
+            None,
+            some("no tools here"),
+            None,
+            some("need a tool"),
+            None,
+            some("got it")
+        ]
+    );
+}
