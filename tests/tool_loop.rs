@@ -433,6 +433,15 @@ async fn timeouts_truncation_allow_lists_and_tool_choice() {
             .unwrap()
             .contains("is not available to")
     );
+    // A failure is cut to the budget like an output.
+    assert!(
+        by_id("call_lookup")["Failure"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("[truncated: "),
+        "{:?}",
+        by_id("call_lookup")
+    );
     let request = &fake.requests()[0].body;
     assert_eq!(request["tool_choice"], "required");
     // A forced choice applies to the first model call only.
