@@ -163,3 +163,134 @@ pub(super) async fn read_model_stream(
     }
     Ok(turn)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::domain::{ErrorClass, MessageId, RunId, SessionId};
+    use crate::events::EventFeed;
+    use crate::runtime::{EventLog, TraceContext};
+    use crate::store::{NewRun, Store};
+
+    /// A run's emitter over a fresh SQLite store.
+    async fn emitter(dir: &tempfile::TempDir) -> (Arc<dyn Store>, RunEmitter, RunId) {
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = crate::store::connect(&url).await.unwrap();
+        let run_id = RunId::new();
+        store
+            .create_run(&NewRun {
+                id: run_id,
+                session_id: SessionId::new(),
+                create_session: true,
+                provider: "p".to_owned(),
+                model: "m".to_owned(),
+                tool_choice: crate::domain::ToolChoice::default(),
+                metadata: serde_json::json!({}),
+                input: "hi".to_owned(),
+                user_message_id: MessageId::new(),
+                tools: None,
+                max_iterations: 5,
+                client_request_id: None,
+                request_hash: None,
+                created_at: chrono::Utc::now(),
+            })
+            .await
+            .unwrap();
+        let log = EventLog::start(store.clone(), Arc::new(EventFeed::new(64)), 16);
+        let emitter = log.emitter(run_id, 0, TraceContext::default());
+        (store, emitter, run_id)
+    }
+
+    fn stream(events: Vec<ModelEvent>) -> ModelStream {
+        Box::pin(futures::stream::iter(events.into_iter().map(Ok)))
+    }
+
+    #[tokio::test]
+    async fn retries_reasoning_and_open_calls_become_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, emitter, run_id) = emitter(&dir).await;
+        let block = Reasoning {
+            text: "think".to_owned(),
+            signature: Some("sig".to_owned()),
+            redacted_data: None,
+        };
+        let events = vec![
+            ModelEvent::Retrying {
+                attempt: 1,
+                error_class: ErrorClass::RateLimited,
+                delay: Duration::from_millis(1500),
+                error: "429".to_owned(),
+            },
+            ModelEvent::ReasoningDelta("think".to_owned()),
+            ModelEvent::ReasoningCompleted(block.clone()),
+            ModelEvent::TextDelta("Hi".to_owned()),
+            ModelEvent::ToolCallStarted {
+                call_id: "c1".to_owned(),
+                tool_name: "add".to_owned(),
+            },
+            ModelEvent::ToolCallDelta {
+                call_id: "c1".to_owned(),
+                delta: "{\"a\":".to_owned(),
+            },
+            ModelEvent::ToolCallCompleted(ToolCall {
+                id: "c2".to_owned(),
+                name: "add".to_owned(),
+                arguments: serde_json::json!({}),
+                invalid_arguments: Some("{{".to_owned()),
+            }),
+            ModelEvent::Finished(FinishReason::ToolCalls),
+        ];
+        let turn = read_model_stream(&emitter, stream(events)).await.unwrap();
+        assert_eq!(turn.reasoning, vec![block]);
+        assert_eq!(turn.reasoning_text, "think");
+        assert_eq!(turn.text, "Hi");
+        assert_eq!(turn.usage, None, "no usage reported");
+        // The adapter's invalid call, then the call it started and never completed.
+        let ids: Vec<(&str, Option<&str>)> = turn
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.invalid_arguments.as_deref()))
+            .collect();
+        assert_eq!(ids, vec![("c2", Some("{{")), ("c1", Some("{\"a\":"))]);
+        let logged = store.read_events(run_id, 0, 100).await.unwrap();
+        let kinds: Vec<&str> = logged.iter().map(|e| e.event_type.as_str()).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                "model_retrying",
+                "reasoning_delta",
+                "text_delta",
+                "tool_call_started",
+                "tool_call_delta",
+                "tool_call_completed",
+                "tool_call_completed",
+            ]
+        );
+        let retry: serde_json::Value = serde_json::from_str(&logged[0].data).unwrap();
+        assert_eq!(
+            (&retry["attempt"], &retry["error_class"], &retry["delay_ms"]),
+            (
+                &serde_json::json!(1),
+                &serde_json::json!("rate_limited"),
+                &serde_json::json!(1500)
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_finish_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_store, emitter, _) = emitter(&dir).await;
+        let result = read_model_stream(
+            &emitter,
+            stream(vec![ModelEvent::TextDelta("Hi".to_owned())]),
+        )
+        .await;
+        assert!(matches!(result, Err(TurnError::NoFinish)));
+    }
+}
