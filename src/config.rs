@@ -73,14 +73,19 @@ pub struct RuntimeConfig {
 }
 
 /// `[runtime.doom_loop]`: when repeated tool calls end a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DoomLoopConfig {
     /// Whether detection is on; default true.
     pub enabled: bool,
-    /// The same call (name + canonical JSON arguments) this many times in a row, or a cycle of
-    /// 2 to 4 calls repeated this many times, is a doom loop; default 3 (at least 2).
+    /// The same step (one model turn's calls, each name + canonical JSON arguments, or the raw
+    /// text of invalid arguments; the order of parallel calls ignored) this many times in a
+    /// row, or a cycle of 2 to 4 steps repeated this many times, is a doom loop; default 3 (at
+    /// least 2).
     pub threshold: u32,
+    /// Tools meant to be polled (e.g. `["check_status"]`): their calls never trip the
+    /// detector; default none.
+    pub allow: Vec<String>,
 }
 
 impl Default for DoomLoopConfig {
@@ -88,6 +93,7 @@ impl Default for DoomLoopConfig {
         Self {
             enabled: true,
             threshold: 3,
+            allow: Vec::new(),
         }
     }
 }

@@ -223,6 +223,7 @@ async fn a_doom_loop_ends_the_run_with_a_valid_history(backend: Backend) {
         1
     );
     assert_eq!(kinds.last(), Some(&"run_failed"));
+    assert_eq!(frames.last().unwrap().json()["error_class"], "doom_loop");
     let doom = frames
         .iter()
         .find(|f| f.event == "doom_loop_detected")
@@ -303,6 +304,11 @@ async fn limits_on_iterations_are_enforced(backend: Backend) {
             .contains("max_iterations (2)"),
         "{run}"
     );
+    let frames = server.events(run_id, None).await;
+    assert_eq!(
+        frames.last().unwrap().json()["error_class"],
+        "limit_exceeded"
+    );
     assert_eq!(
         fake.requests().len(),
         2,
@@ -329,11 +335,80 @@ async fn limits_on_iterations_are_enforced(backend: Backend) {
     server.stop().await;
 }
 
+/// A Chat Completions stream whose one call has this argument text (not valid JSON).
+fn malformed_call_stream(id: &str, name: &str, arguments: &str) -> Vec<u8> {
+    use support::fake_openai::{DONE, chunk, usage_chunk};
+    let mut body = chunk(json!({"role": "assistant", "content": null}), None);
+    body.push_str(&chunk(
+        json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                               "function": {"name": name, "arguments": arguments}}]}),
+        None,
+    ));
+    body.push_str(&chunk(json!({}), Some("tool_calls")));
+    body.push_str(&usage_chunk(20, 8, 0));
+    body.push_str(DONE);
+    body.into_bytes()
+}
+
+async fn polled_tools_are_allowed_and_invalid_repeats_are_a_doom_loop(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let config = config_with(
+        &fake.base_url(),
+        "[runtime.doom_loop]\nthreshold = 3\nallow = [\"check_status\"]\n",
+    );
+    let Some(server) = TestServer::start(backend, config).await else {
+        return;
+    };
+    // An allowed tool polled 5 times with the same arguments: no doom loop.
+    for i in 0..5 {
+        fake.push(Reply::sse(&tool_call_stream(
+            &format!("call_poll_{i}"),
+            "check_status",
+            &json!({"job": 7}),
+        )));
+    }
+    fake.push(Reply::sse(&text_stream(&["The job is done."])));
+    let run_id = server.start_run("wait for job 7", None).await;
+    let run = server.finished_run(&run_id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["iterations"], 6);
+
+    // The same invalid arguments three times: a doom loop; different ones would not be.
+    for i in 0..3 {
+        fake.push(Reply::sse(&malformed_call_stream(
+            &format!("call_bad_{i}"),
+            "get_weather",
+            "{\"city\": \"Par",
+        )));
+    }
+    let session = run["session_id"].as_str().unwrap();
+    let run_id = server.start_run("weather?", Some(session)).await;
+    let frames = server.events(&run_id, None).await;
+    let last = frames.last().unwrap();
+    assert_eq!(last.event, "run_failed");
+    assert_eq!(last.json()["error_class"], "doom_loop");
+    let doom = frames
+        .iter()
+        .find(|f| f.event == "doom_loop_detected")
+        .unwrap()
+        .json();
+    assert!(
+        doom["description"]
+            .as_str()
+            .unwrap()
+            .contains("invalid arguments"),
+        "{doom}"
+    );
+    assert_every_call_answered(&server, session).await;
+    server.stop().await;
+}
+
 on_both_backends!(
     idempotent_creates_return_the_same_run,
     a_busy_session_refuses_a_second_run,
     a_doom_loop_ends_the_run_with_a_valid_history,
     limits_on_iterations_are_enforced,
+    polled_tools_are_allowed_and_invalid_repeats_are_a_doom_loop,
 );
 
 #[tokio::test]

@@ -283,8 +283,26 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
         name: "get_weather".to_owned(),
         arguments: json!({"city": "Zürich"}),
     };
+    let invalid = ToolCall {
+        invalid_arguments: Some("{\"city\": \"Zür".to_owned()),
+        id: "call_2".to_owned(),
+        name: "get_weather".to_owned(),
+        arguments: json!({}),
+    };
+    // Reasoning blocks (a signed one, a redacted one) are stored with the message.
     let assistant = Message {
-        reasoning: Vec::new(),
+        reasoning: vec![
+            behest::domain::Reasoning {
+                text: "The user wants the weather.".to_owned(),
+                signature: Some("sig-1".to_owned()),
+                redacted_data: None,
+            },
+            behest::domain::Reasoning {
+                text: String::new(),
+                signature: None,
+                redacted_data: Some("opaque".to_owned()),
+            },
+        ],
         id: MessageId::new(),
         session_id: run.session_id,
         run_id: run.id,
@@ -292,7 +310,7 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
         content: vec![ContentPart::Text {
             text: "Checking… 🌦".to_owned(),
         }],
-        tool_calls: vec![call.clone()],
+        tool_calls: vec![call.clone(), invalid],
         tool_call_id: None,
         tool_name: None,
         created_at: Utc::now(),
@@ -303,6 +321,7 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
         content: vec![ContentPart::Json {
             value: json!({"temp_c": 3.5}),
         }],
+        reasoning: Vec::new(),
         tool_calls: Vec::new(),
         tool_call_id: Some(call.id.clone()),
         tool_name: Some(call.name.clone()),
@@ -350,9 +369,10 @@ async fn progress_and_active_runs(backend: Backend) {
     };
     let run = new_run(SessionId::new(), true);
     store.create_run(&run).await.unwrap();
+    // Reasoning tokens and the estimate mark are persisted with the totals.
     let usage = TokenUsage {
-        reasoning_tokens: 0,
-        estimated: false,
+        reasoning_tokens: 3,
+        estimated: true,
         input_tokens: 10,
         output_tokens: 5,
         total_tokens: 15,

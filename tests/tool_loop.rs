@@ -66,6 +66,13 @@ fn kinds(frames: &[Frame]) -> Vec<String> {
     frames.iter().map(|f| f.event.clone()).collect()
 }
 
+fn by_call(frames: &[Frame], call: &str) -> Value {
+    finished(frames)
+        .into_iter()
+        .find(|f| f["call_id"] == call)
+        .unwrap()
+}
+
 fn finished(frames: &[Frame]) -> Vec<Value> {
     frames
         .iter()
@@ -294,6 +301,32 @@ async fn cancelling_a_hung_tool_leaves_a_usable_session(backend: Backend) {
         1
     );
     assert_eq!(frames.last().unwrap().event, "run_cancelled");
+    // Every execution started has exactly one `tool_execution_finished`, the cancelled one's
+    // (a cancelled Failure) before any tool message.
+    for call in ["call_hang", "call_add"] {
+        let count = |kind: &str| {
+            frames
+                .iter()
+                .filter(|f| f.event == kind && f.json()["call_id"] == call)
+                .count()
+        };
+        assert_eq!(count("tool_execution_started"), 1, "{call}");
+        assert_eq!(count("tool_execution_finished"), 1, "{call}");
+    }
+    let position = |kind: &str| frames.iter().position(|f| f.event == kind).unwrap();
+    assert!(
+        position("tool_message_committed")
+            > frames
+                .iter()
+                .rposition(|f| f.event == "tool_execution_finished")
+                .unwrap()
+    );
+    assert!(
+        by_call(&frames, "call_hang")["result"]["Failure"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("cancelled")
+    );
     // The MCP server was told.
     let deadline = Instant::now() + Duration::from_secs(2);
     while !std::fs::read_to_string(log.path())
@@ -398,10 +431,21 @@ async fn timeouts_truncation_allow_lists_and_tool_choice() {
         by_id("call_lookup")["Failure"]["error"]
             .as_str()
             .unwrap()
-            .contains("not available to this run")
+            .contains("is not available to")
+    );
+    // A failure is cut to the budget like an output.
+    assert!(
+        by_id("call_lookup")["Failure"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("[truncated: "),
+        "{:?}",
+        by_id("call_lookup")
     );
     let request = &fake.requests()[0].body;
     assert_eq!(request["tool_choice"], "required");
+    // A forced choice applies to the first model call only.
+    assert_eq!(fake.requests()[1].body["tool_choice"], "auto");
     let offered: Vec<&str> = request["tools"]
         .as_array()
         .unwrap()

@@ -1,10 +1,12 @@
-//! How a model provider call failed, as reported in `run_failed` and used for retries.
+//! Why a model provider call or a run failed, as reported in `run_failed` and used for retries.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-/// How a provider call failed, for retries and for callers (e.g. compaction on
-/// `context_length_exceeded`).
+/// How a provider call or a run failed, for retries and for callers (e.g. compaction on
+/// `context_length_exceeded`). Every `run_failed` carries one: the first eight classify a
+/// model provider failure; `doom_loop`, `limit_exceeded`, `interrupted` and `internal` a run
+/// that failed for another reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
@@ -24,6 +26,15 @@ pub enum ErrorClass {
     Timeout,
     /// The connection failed or closed early.
     Transport,
+    /// The run repeated the same tool calls (see `doom_loop_detected`).
+    DoomLoop,
+    /// The run reached `max_iterations` or the server's `max_tool_calls`.
+    LimitExceeded,
+    /// The server stopped (shutdown, or a crash found at the next start) while the run was
+    /// active.
+    Interrupted,
+    /// behest itself failed (storage, a panicked run task, a provider no longer configured).
+    Internal,
 }
 
 impl ErrorClass {
@@ -39,6 +50,10 @@ impl ErrorClass {
             Self::Server => "server",
             Self::Timeout => "timeout",
             Self::Transport => "transport",
+            Self::DoomLoop => "doom_loop",
+            Self::LimitExceeded => "limit_exceeded",
+            Self::Interrupted => "interrupted",
+            Self::Internal => "internal",
         }
     }
 

@@ -203,7 +203,8 @@ pub struct RunRecord {
     pub metadata: serde_json::Value,
     /// Model calls made so far (one per iteration).
     pub iterations: u32,
-    /// Why the model stopped; set when the run completed.
+    /// Why the model stopped; set when the run ended (`error` for a failed run, `unknown` for a
+    /// cancelled one, as in its output); absent while it is active.
     pub finish_reason: Option<FinishReason>,
     /// Tokens used by every model call of the run so far.
     pub total_usage: TokenUsage,

@@ -103,6 +103,10 @@ event_payloads! {
     DoomLoopDetected(DoomLoopDetected) = "doom_loop_detected",
     /// The compaction circuit breaker opened.
     CompactionCircuitOpened(CompactionCircuitOpened) = "compaction_circuit_opened",
+    /// Streamed reasoning ("thinking") of the model; never answer text.
+    ReasoningDelta(ReasoningDelta) = "reasoning_delta",
+    /// A model call attempt failed before any output and is retried after a pause.
+    ModelRetrying(ModelRetrying) = "model_retrying",
 }
 
 impl EventPayload {
@@ -262,8 +266,9 @@ pub struct RunCompleted {
 pub struct RunFailed {
     /// What went wrong, readable by a person.
     pub error: String,
-    /// The class of the model provider failure that ended the run; absent when the run
-    /// failed for another reason (limits, storage, shutdown).
+    /// Why the run failed: the class of the model provider failure, or `doom_loop`,
+    /// `limit_exceeded`, `interrupted` (shutdown or crash) or `internal`. behest always sets
+    /// it; optional only for logs written by older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_class: Option<ErrorClass>,
 }
@@ -284,4 +289,27 @@ pub struct DoomLoopDetected {
 pub struct CompactionCircuitOpened {
     /// Consecutive compaction failures that opened the breaker.
     pub consecutive_failures: u32,
+}
+
+/// `reasoning_delta`: a piece of the model's reasoning (OpenAI-compatible `reasoning_content`,
+/// Anthropic `thinking_delta`). Not part of the answer; the complete blocks are stored with the
+/// assistant message (`Message.reasoning`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReasoningDelta {
+    /// The next piece of reasoning text (UTF-8).
+    pub delta: String,
+}
+
+/// `model_retrying`: a model call attempt failed before any output; the call is made again
+/// after `delay_ms`. Follows the call's `model_started`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelRetrying {
+    /// The attempt that failed, from 1.
+    pub attempt: u32,
+    /// Its failure class.
+    pub error_class: ErrorClass,
+    /// The pause before the next attempt, in ms.
+    pub delay_ms: u64,
+    /// Why the attempt failed (no secrets).
+    pub error: String,
 }

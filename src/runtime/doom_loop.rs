@@ -1,5 +1,8 @@
-//! Doom-loop detection: the same tool call (name + canonical JSON arguments) N times in a row,
-//! or a cycle of 2 to 4 calls repeated N times, across the model turns of one run.
+//! Doom-loop detection: the same tool call (name + canonical JSON arguments, or the raw text of
+//! invalid arguments) N times in a row, or a cycle of 2 to 4 calls repeated N times, across the
+//! model turns of one run. The calls of one turn are put in a canonical order first, so a batch
+//! of parallel calls repeated in another order is the same step; calls of allowed (polled)
+//! tools are not counted.
 
 use crate::domain::ToolCall;
 
@@ -46,6 +49,7 @@ fn write_canonical(value: &serde_json::Value, out: &mut String) {
 #[derive(Debug)]
 pub struct DoomLoopDetector {
     threshold: usize,
+    allow: Vec<String>,
     calls: Vec<(String, String)>,
 }
 
@@ -55,15 +59,34 @@ impl DoomLoopDetector {
     pub fn new(threshold: u32) -> Self {
         Self {
             threshold: usize::try_from(threshold.max(2)).unwrap_or(usize::MAX),
+            allow: Vec::new(),
             calls: Vec::new(),
         }
     }
 
+    /// The same detector ignoring calls of these tools (tools meant to be polled).
+    #[must_use]
+    pub fn allowing(mut self, tools: &[String]) -> Self {
+        self.allow = tools.to_vec();
+        self
+    }
+
     /// Records a model turn's calls; returns a description when they complete a doom loop.
     pub fn observe(&mut self, calls: &[ToolCall]) -> Option<String> {
-        for call in calls {
-            self.calls
-                .push((call.name.clone(), canonical_json(&call.arguments)));
+        let mut step: Vec<(String, String)> = calls
+            .iter()
+            .filter(|call| !self.allow.contains(&call.name))
+            .map(|call| {
+                let arguments = match &call.invalid_arguments {
+                    Some(raw) => format!("invalid arguments: {raw}"),
+                    None => canonical_json(&call.arguments),
+                };
+                (call.name.clone(), arguments)
+            })
+            .collect();
+        step.sort();
+        for call in step {
+            self.calls.push(call);
             if let Some(description) = self.check() {
                 return Some(description);
             }
@@ -174,6 +197,42 @@ mod tests {
                 "k = {k}"
             );
         }
+    }
+
+    #[test]
+    fn allowed_tools_never_trip_the_detector() {
+        let mut detector = DoomLoopDetector::new(3).allowing(&["check_status".to_owned()]);
+        for _ in 0..10 {
+            assert_eq!(
+                detector.observe(&[call("check_status", json!({"job": 1}))]),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn identical_invalid_arguments_trip_and_different_ones_do_not() {
+        let invalid = |raw: &str| ToolCall {
+            invalid_arguments: Some(raw.to_owned()),
+            ..call("get", json!({}))
+        };
+        let mut detector = DoomLoopDetector::new(3);
+        assert_eq!(detector.observe(&[invalid("{\"a\": 1")]), None);
+        assert_eq!(detector.observe(&[invalid("{\"a\": 2")]), None);
+        assert_eq!(detector.observe(&[invalid("{\"a\": 3")]), None);
+        assert_eq!(detector.observe(&[invalid("{\"a\": 3")]), None);
+        let found = detector.observe(&[invalid("{\"a\": 3")]);
+        assert!(found.is_some_and(|d| d.contains("invalid arguments")));
+    }
+
+    #[test]
+    fn a_parallel_batch_repeated_in_another_order_is_the_same_step() {
+        let a = call("a", json!({"x": 1}));
+        let b = call("b", json!({"y": 2}));
+        let mut detector = DoomLoopDetector::new(3);
+        assert_eq!(detector.observe(&[a.clone(), b.clone()]), None);
+        assert_eq!(detector.observe(&[b.clone(), a.clone()]), None);
+        assert!(detector.observe(&[a, b]).is_some());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 
 mod doom_loop;
 mod event_log;
+mod model_turn;
 mod run_loop;
+pub mod tokens;
+mod tool_exec;
 mod watch;
 
 use std::collections::HashMap;
@@ -16,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
-use crate::domain::{CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId};
+use crate::domain::{
+    CreateRunRequest, ErrorClass, FinishReason, MessageId, RunId, RunRecord, RunStatus, SessionId,
+};
 use crate::domain::{ToolChoice, ToolChoiceMode};
 use crate::events::{EventFeed, EventPayload, LoggedEvent, RunFailed};
 use crate::provider::Provider;
@@ -393,8 +398,11 @@ impl Runtime {
         Ok(Some(CancelOutcome::Cancelling(now)))
     }
 
-    /// Ends every run left non-terminal by a previous process with `run_failed` (its log gets
-    /// exactly one terminal event). Returns how many were failed.
+    /// Ends every run left non-terminal by a previous process with `run_failed` (error class
+    /// `interrupted`; its log gets exactly one terminal event), after giving each of its open
+    /// tool executions a `tool_execution_finished` and each of its unanswered tool calls a tool
+    /// message marked interrupted, so the session's next request is valid. Returns how many
+    /// were failed.
     ///
     /// # Errors
     /// The store's.
@@ -408,7 +416,7 @@ impl Runtime {
             let error = "the server stopped while the run was active".to_owned();
             let payload = EventPayload::RunFailed(RunFailed {
                 error: error.clone(),
-                error_class: None,
+                error_class: Some(ErrorClass::Interrupted),
             });
             self.end_orphan(run, payload, RunStatus::Failed, Some(error))
                 .await?;
@@ -431,9 +439,20 @@ impl Runtime {
         let emitter = self
             .log
             .emitter(run.id, last, TraceContext::for_run(run.id));
+        let reason = if status == RunStatus::Cancelled {
+            tool_exec::CANCELLED
+        } else {
+            tool_exec::INTERRUPTED
+        };
+        tool_exec::finish_logged_executions(self.store.as_ref(), &emitter, run.id, reason).await?;
+        tool_exec::answer_open_calls(&self.store, &emitter, run, reason).await?;
         let outcome = RunOutcome {
             status,
-            finish_reason: None,
+            finish_reason: Some(if status == RunStatus::Failed {
+                FinishReason::Error
+            } else {
+                FinishReason::Unknown
+            }),
             error,
         };
         emitter

@@ -3,28 +3,28 @@
 //! panic, cancellation, shutdown).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chrono::Utc;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::model_turn::{TurnError, read_model_stream};
+use super::tokens::{Reply, TokenCounter};
+use super::tool_exec::{self, InFlight, answer_open_calls, commit_tool_message, skip_calls};
 use super::{DoomLoopDetector, LogError, RunEmitter, Runtime};
-use crate::config::{ModelConfig, RuntimeConfig};
+use crate::config::ModelConfig;
 use crate::domain::{
-    ContentPart, ErrorClass, FinishReason, Message, MessageId, Role, RunRecord, RunStatus,
-    TokenUsage, ToolCall,
+    ContentPart, ErrorClass, FinishReason, Role, RunRecord, RunStatus, TokenUsage, ToolChoice,
+    ToolChoiceMode,
 };
 use crate::events::{
-    CacheMetrics, ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted,
-    RunCancelled, RunCompleted, RunFailed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta,
-    ToolCallStarted, ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure,
-    ToolSuccess, UsageRecorded,
+    ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted, RunCancelled,
+    RunCompleted, RunFailed, RunStarted, UsageRecorded,
 };
-use crate::provider::{ModelEvent, ModelRequest, ProviderError};
-use crate::store::{RunChange, RunOutcome, Store, StoreError};
+use crate::provider::{ModelRequest, ProviderError};
+use crate::store::{RunChange, RunOutcome, StoreError};
 
-/// Why the loop stopped early.
+/// Why the loop stopped early; each maps to the `error_class` of `run_failed`.
 #[derive(Debug, thiserror::Error)]
 enum RunFailure {
     #[error("{0}")]
@@ -33,10 +33,45 @@ enum RunFailure {
     Log(#[from] LogError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// `max_iterations` or `max_tool_calls`.
     #[error("{0}")]
     Limit(String),
+    #[error("doom loop detected: {0}")]
+    DoomLoop(String),
+    /// Shutdown.
+    #[error("{0}")]
+    Interrupted(String),
+    /// A bug or a configuration change under a running run.
+    #[error("{0}")]
+    Internal(String),
     #[error("cancelled")]
     Cancelled,
+}
+
+impl RunFailure {
+    fn class(&self) -> ErrorClass {
+        match self {
+            Self::Provider(error) => error.class,
+            Self::Limit(_) => ErrorClass::LimitExceeded,
+            Self::DoomLoop(_) => ErrorClass::DoomLoop,
+            Self::Interrupted(_) | Self::Cancelled => ErrorClass::Interrupted,
+            Self::Log(_) | Self::Store(_) | Self::Internal(_) => ErrorClass::Internal,
+        }
+    }
+}
+
+impl RunFailure {
+    fn from_turn(error: TurnError, provider: &str) -> Self {
+        match error {
+            TurnError::Provider(error) => Self::Provider(error),
+            TurnError::Log(error) => Self::Log(error),
+            TurnError::NoFinish => Self::Provider(ProviderError::new(
+                provider,
+                ErrorClass::Transport,
+                error.to_string(),
+            )),
+        }
+    }
 }
 
 /// How the loop ended well.
@@ -51,9 +86,11 @@ struct RunContext {
     model: ModelConfig,
     emitter: Arc<RunEmitter>,
     cancel: CancellationToken,
+    in_flight: InFlight,
 }
 
-/// Runs the loop in its own task and writes the one terminal event.
+/// Runs the loop in its own task and writes the one terminal event. A run that ends early
+/// first finishes its open tool executions and answers its open tool calls.
 pub(super) async fn supervise(
     runtime: &Arc<Runtime>,
     record: RunRecord,
@@ -63,12 +100,14 @@ pub(super) async fn supervise(
 ) {
     let run_id = record.id;
     let record_for_cleanup = record.clone();
+    let in_flight = InFlight::default();
     let context = RunContext {
         runtime: runtime.clone(),
         record,
         model,
         emitter: emitter.clone(),
         cancel: cancel.clone(),
+        in_flight: in_flight.clone(),
     };
     let mut body = tokio::spawn(execute(context));
     let ended = tokio::select! {
@@ -81,24 +120,31 @@ pub(super) async fn supervise(
         () = runtime.stop.cancelled() => {
             body.abort();
             let _ = body.await;
-            Err(RunFailure::Limit("the server shut down while the run was active".to_owned()))
+            Err(RunFailure::Interrupted("the server shut down while the run was active".to_owned()))
         }
         joined = &mut body => match joined {
             Ok(result) => result,
             Err(join_error) => {
                 tracing::error!(%run_id, %join_error, "run task panicked");
-                Err(RunFailure::Limit(format!("internal error: the run task failed ({join_error})")))
+                Err(RunFailure::Internal(format!("internal error: the run task failed ({join_error})")))
             }
         },
     };
     if ended.is_err() {
         let reason = match &ended {
-            Err(RunFailure::Cancelled) => {
-                "cancelled: the run was cancelled before this tool call finished"
-            }
+            Err(RunFailure::Cancelled) => tool_exec::CANCELLED,
+            Err(RunFailure::Interrupted(_)) => tool_exec::INTERRUPTED,
             _ => "not executed: the run ended before this tool call finished",
         };
-        answer_open_calls(runtime.store(), &emitter, &record_for_cleanup, reason).await;
+        // Each open execution's `tool_execution_finished` precedes its tool message.
+        if let Err(error) = in_flight.finish_all(&emitter, reason).await {
+            tracing::error!(%run_id, %error, "could not finish open tool executions");
+        }
+        if let Err(error) =
+            answer_open_calls(runtime.store(), &emitter, &record_for_cleanup, reason).await
+        {
+            tracing::error!(%run_id, %error, "could not answer open tool calls");
+        }
     }
     let (payload, outcome) = match ended {
         Ok(completion) => (
@@ -116,30 +162,22 @@ pub(super) async fn supervise(
             EventPayload::RunCancelled(RunCancelled {}),
             RunOutcome {
                 status: RunStatus::Cancelled,
-                finish_reason: None,
+                finish_reason: Some(FinishReason::Unknown),
                 error: None,
             },
         ),
         Err(failure) => {
             let error = failure.to_string();
-            let error_class = match &failure {
-                RunFailure::Provider(provider_error) => Some(provider_error.class),
-                _ => None,
-            };
-            tracing::warn!(
-                %run_id,
-                %error,
-                error_class = error_class.map(ErrorClass::as_str),
-                "run failed"
-            );
+            let error_class = failure.class();
+            tracing::warn!(%run_id, %error, error_class = error_class.as_str(), "run failed");
             (
                 EventPayload::RunFailed(RunFailed {
                     error: error.clone(),
-                    error_class,
+                    error_class: Some(error_class),
                 }),
                 RunOutcome {
                     status: RunStatus::Failed,
-                    finish_reason: None,
+                    finish_reason: Some(FinishReason::Error),
                     error: Some(error),
                 },
             )
@@ -164,6 +202,18 @@ async fn finish(emitter: &RunEmitter, payload: EventPayload, outcome: RunOutcome
     }
 }
 
+/// The tool choice of the run's `iteration`th model call: a forcing choice (`required`, a named
+/// tool) applies to the first call only, later calls use `auto`, so a forced run can end with
+/// an answer.
+fn tool_choice_for(choice: &ToolChoice, iteration: u32) -> ToolChoice {
+    match choice {
+        ToolChoice::Mode(ToolChoiceMode::Required) | ToolChoice::Tool { .. } if iteration > 1 => {
+            ToolChoice::Mode(ToolChoiceMode::Auto)
+        }
+        other => other.clone(),
+    }
+}
+
 #[tracing::instrument(skip_all, fields(run_id = %context.record.id))]
 async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
     let RunContext {
@@ -172,6 +222,7 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         model,
         emitter,
         cancel,
+        in_flight,
     } = context;
     let store = runtime.store().clone();
     let entry = runtime
@@ -179,7 +230,7 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         .get(&record.provider)
         .cloned()
         .ok_or_else(|| {
-            RunFailure::Limit(format!(
+            RunFailure::Internal(format!(
                 "provider `{}` is no longer configured",
                 record.provider
             ))
@@ -205,13 +256,13 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
     ];
 
     let mut total_usage = TokenUsage::default();
+    let mut counter = TokenCounter::new();
     let config = runtime.config().clone();
     let max_iterations = record.max_iterations;
     let tools = runtime.tools().specs(record.tools.as_deref());
-    let mut doom_loop = config
-        .doom_loop
-        .enabled
-        .then(|| DoomLoopDetector::new(config.doom_loop.threshold));
+    let mut doom_loop = config.doom_loop.enabled.then(|| {
+        DoomLoopDetector::new(config.doom_loop.threshold).allowing(&config.doom_loop.allow)
+    });
     let mut tool_calls_made: u32 = 0;
     for iteration in 1..=max_iterations {
         if cancel.is_cancelled() {
@@ -235,7 +286,7 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
             model: record.model.clone(),
             messages: history.clone(),
             tools: tools.clone(),
-            tool_choice: record.tool_choice.clone(),
+            tool_choice: tool_choice_for(&record.tool_choice, iteration),
             max_output_tokens: Some(model.max_output_tokens),
         };
         // The request goes out while `model_started` is being committed: the provider's answer
@@ -243,29 +294,50 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         let (logged, stream) =
             tokio::join!(emitter.emit_all(events), entry.provider.stream(request));
         logged?;
-        let turn = read_model_stream(&emitter, stream?).await?;
+        let turn = read_model_stream(&emitter, stream?)
+            .await
+            .map_err(|e| RunFailure::from_turn(e, &record.provider))?;
 
-        total_usage += turn.usage;
+        // A call without reported usage is estimated with the tokenizer, and marked so.
+        let usage = turn.usage.unwrap_or_else(|| {
+            let reply = Reply {
+                text: &turn.text,
+                reasoning: &turn.reasoning_text,
+                tool_calls: &turn.tool_calls,
+            };
+            counter.estimate(&history, &tools, &reply)
+        });
+        total_usage += usage;
         let progress = RunChange {
             progress: Some((iteration, total_usage)),
             ..RunChange::default()
         };
         emitter
             .emit_with(
-                EventPayload::UsageRecorded(UsageRecorded { usage: turn.usage }),
+                EventPayload::UsageRecorded(UsageRecorded { usage }),
                 progress,
             )
             .await?;
-        if let Some(cache) = turn.cache {
+        if let Some(cache) = turn.cache.clone() {
             emitter.emit(EventPayload::CacheMetrics(cache)).await?;
         }
 
+        // No text and no tool call: nothing is stored (an empty assistant message would make
+        // the session's next request invalid); the run completes with the model's reason.
+        if turn.is_empty() {
+            return Ok(Completion {
+                finish_reason: turn.finish_reason,
+                iterations: iteration,
+            });
+        }
         let content = if turn.text.is_empty() {
             Vec::new()
         } else {
             vec![ContentPart::Text { text: turn.text }]
         };
-        let assistant = new_message(&record, Role::Assistant, content, turn.tool_calls.clone());
+        let mut assistant =
+            tool_exec::new_message(&record, Role::Assistant, content, turn.tool_calls.clone());
+        assistant.reasoning = turn.reasoning;
         let committed = RunChange {
             status: Some(RunStatus::Persisting),
             message: Some(assistant.clone()),
@@ -301,9 +373,7 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 "not executed: doom loop detected",
             )
             .await?;
-            return Err(RunFailure::Limit(format!(
-                "doom loop detected: {description}"
-            )));
+            return Err(RunFailure::DoomLoop(description));
         }
         tool_calls_made =
             tool_calls_made.saturating_add(u32::try_from(calls.len()).unwrap_or(u32::MAX));
@@ -319,7 +389,9 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
             return Err(RunFailure::Limit(reason));
         }
         let executions = futures::stream::iter(calls)
-            .map(|call| execute_tool(&runtime, &emitter, &record, call, &config))
+            .map(|call| {
+                tool_exec::execute_tool(&runtime, &emitter, &in_flight, &record, call, &config)
+            })
             .buffered(config.tool_concurrency.max(1));
         futures::pin_mut!(executions);
         // Results are committed in the model's call order, whatever order the tools end in.
@@ -334,245 +406,6 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
     )))
 }
 
-/// One model call's result.
-struct ModelTurn {
-    text: String,
-    tool_calls: Vec<ToolCall>,
-    usage: TokenUsage,
-    cache: Option<CacheMetrics>,
-    finish_reason: FinishReason,
-}
-
-/// Emits what one model call streams and collects its result.
-async fn read_model_stream(
-    emitter: &RunEmitter,
-    mut stream: crate::provider::ModelStream,
-) -> Result<ModelTurn, RunFailure> {
-    let mut turn = ModelTurn {
-        text: String::new(),
-        tool_calls: Vec::new(),
-        usage: TokenUsage::default(),
-        cache: None,
-        finish_reason: FinishReason::Unknown,
-    };
-    let mut finished = false;
-    while let Some(event) = stream.next().await {
-        match event? {
-            ModelEvent::TextDelta(delta) => {
-                turn.text.push_str(&delta);
-                emitter
-                    .emit(EventPayload::TextDelta(TextDelta { delta }))
-                    .await?;
-            }
-            ModelEvent::ToolCallStarted { call_id, tool_name } => {
-                emitter
-                    .emit(EventPayload::ToolCallStarted(ToolCallStarted {
-                        call_id,
-                        tool_name,
-                    }))
-                    .await?;
-            }
-            ModelEvent::ToolCallDelta { call_id, delta } => {
-                emitter
-                    .emit(EventPayload::ToolCallDelta(ToolCallDelta {
-                        call_id,
-                        delta,
-                    }))
-                    .await?;
-            }
-            ModelEvent::ToolCallCompleted(call) => {
-                turn.tool_calls.push(call.clone());
-                emitter
-                    .emit(EventPayload::ToolCallCompleted(ToolCallCompleted { call }))
-                    .await?;
-            }
-            ModelEvent::Usage { usage, cache } => {
-                turn.usage = usage;
-                turn.cache = cache;
-            }
-            ModelEvent::Finished(reason) => {
-                turn.finish_reason = reason;
-                finished = true;
-            }
-            // Not yet surfaced as events (issue #8 adds `reasoning_delta` and `model_retrying`).
-            ModelEvent::Retrying { .. }
-            | ModelEvent::ReasoningDelta(_)
-            | ModelEvent::ReasoningCompleted(_) => {}
-        }
-    }
-    if !finished {
-        return Err(RunFailure::Limit(
-            "the model stream ended without a finish reason".to_owned(),
-        ));
-    }
-    Ok(turn)
-}
-
-/// Executes one tool call: `tool_execution_started`, the call (validated, with the timeout),
-/// `tool_execution_finished`. Returns the content of its tool message.
-async fn execute_tool(
-    runtime: &Runtime,
-    emitter: &RunEmitter,
-    record: &RunRecord,
-    call: ToolCall,
-    config: &RuntimeConfig,
-) -> Result<(ToolCall, Vec<ContentPart>), RunFailure> {
-    emitter
-        .emit_with(
-            EventPayload::ToolExecutionStarted(ToolExecutionStarted {
-                call_id: call.id.clone(),
-                tool_name: call.name.clone(),
-            }),
-            status(RunStatus::WaitingForTools),
-        )
-        .await?;
-    let started = Instant::now();
-    let allowed = record
-        .tools
-        .as_ref()
-        .is_none_or(|tools| tools.contains(&call.name));
-    let outcome = if allowed {
-        let timeout = Duration::from_millis(config.tool_timeout_ms);
-        match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await
-        {
-            Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
-                "`{}` timed out after {} ms",
-                call.name, config.tool_timeout_ms
-            )),
-        }
-    } else {
-        Err(format!(
-            "the tool `{}` is not available to this run",
-            call.name
-        ))
-    };
-    let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let result = match outcome {
-        Ok(output) => ToolExecutionResult::Success(ToolSuccess {
-            output: truncate_output(output, config.max_tool_output_bytes),
-        }),
-        Err(error) => ToolExecutionResult::Failure(ToolFailure { error }),
-    };
-    let content = tool_content(&result);
-    emitter
-        .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
-            call_id: call.id.clone(),
-            tool_name: call.name.clone(),
-            result,
-            duration_ms,
-        }))
-        .await?;
-    Ok((call, content))
-}
-
-/// What the model sees of a result: a string output as text, other JSON as a JSON part, a
-/// failure as text starting with `error: `.
-fn tool_content(result: &ToolExecutionResult) -> Vec<ContentPart> {
-    match result {
-        ToolExecutionResult::Success(ToolSuccess {
-            output: serde_json::Value::String(text),
-        }) => vec![ContentPart::Text { text: text.clone() }],
-        ToolExecutionResult::Success(success) => vec![ContentPart::Json {
-            value: success.output.clone(),
-        }],
-        ToolExecutionResult::Failure(failure) => vec![ContentPart::Text {
-            text: format!("error: {}", failure.error),
-        }],
-    }
-}
-
-/// Keeps a tool output within `budget` bytes of serialized JSON: a larger one becomes its text
-/// cut on a UTF-8 boundary plus a marker saying how much was cut.
-fn truncate_output(output: serde_json::Value, budget: usize) -> serde_json::Value {
-    let text = match &output {
-        serde_json::Value::String(text) => text.clone(),
-        other => other.to_string(),
-    };
-    if text.len() <= budget {
-        return output;
-    }
-    let mut cut = budget;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    serde_json::Value::String(format!(
-        "{}\n[truncated: {} of {} bytes cut]",
-        &text[..cut],
-        text.len() - cut,
-        text.len()
-    ))
-}
-
-/// Stores one tool message answering `call` and emits `tool_message_committed`.
-async fn commit_tool_message(
-    emitter: &RunEmitter,
-    record: &RunRecord,
-    call: &ToolCall,
-    content: Vec<ContentPart>,
-) -> Result<Message, RunFailure> {
-    let mut message = new_message(record, Role::Tool, content, Vec::new());
-    message.tool_call_id = Some(call.id.clone());
-    message.tool_name = Some(call.name.clone());
-    let committed = RunChange {
-        message: Some(message.clone()),
-        ..RunChange::default()
-    };
-    emitter
-        .emit_with(
-            EventPayload::ToolMessageCommitted(MessageCommitted {
-                message_id: message.id,
-            }),
-            committed,
-        )
-        .await?;
-    Ok(message)
-}
-
-/// Answers calls that will not run, so the session's history stays valid.
-async fn skip_calls(
-    emitter: &RunEmitter,
-    record: &RunRecord,
-    calls: &[ToolCall],
-    reason: &str,
-) -> Result<(), RunFailure> {
-    for call in calls {
-        let content = vec![ContentPart::Text {
-            text: format!("error: {reason}"),
-        }];
-        commit_tool_message(emitter, record, call, content).await?;
-    }
-    Ok(())
-}
-
-/// After a run ended early (cancelled, failed): answers every tool call of the run that has no
-/// tool message yet, so the session's next run sends a valid history.
-async fn answer_open_calls(
-    store: &Arc<dyn Store>,
-    emitter: &RunEmitter,
-    record: &RunRecord,
-    reason: &str,
-) {
-    let answered = async {
-        let messages = store.session_messages(record.session_id).await?;
-        let answered: std::collections::HashSet<&str> = messages
-            .iter()
-            .filter_map(|m| m.tool_call_id.as_deref())
-            .collect();
-        let open: Vec<ToolCall> = messages
-            .iter()
-            .filter(|m| m.run_id == record.id)
-            .flat_map(|m| m.tool_calls.iter())
-            .filter(|call| !answered.contains(call.id.as_str()))
-            .cloned()
-            .collect();
-        skip_calls(emitter, record, &open, reason).await
-    };
-    if let Err(error) = answered.await {
-        tracing::error!(run_id = %record.id, %error, "could not answer open tool calls");
-    }
-}
-
 /// A change that only moves the run to `status`.
 fn status(status: RunStatus) -> RunChange {
     RunChange {
@@ -581,22 +414,23 @@ fn status(status: RunStatus) -> RunChange {
     }
 }
 
-fn new_message(
-    record: &RunRecord,
-    role: Role,
-    content: Vec<ContentPart>,
-    tool_calls: Vec<ToolCall>,
-) -> Message {
-    Message {
-        reasoning: Vec::new(),
-        id: MessageId::new(),
-        session_id: record.session_id,
-        run_id: record.id,
-        role,
-        content,
-        tool_calls,
-        tool_call_id: None,
-        tool_name: None,
-        created_at: Utc::now(),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forced_tool_choice_applies_to_the_first_call_only() {
+        let named = ToolChoice::Tool {
+            name: "add".to_owned(),
+        };
+        let required = ToolChoice::Mode(ToolChoiceMode::Required);
+        let none = ToolChoice::Mode(ToolChoiceMode::None);
+        assert_eq!(tool_choice_for(&named, 1), named);
+        assert_eq!(tool_choice_for(&required, 1), required);
+        for later in [2, 3, 25] {
+            assert_eq!(tool_choice_for(&named, later), ToolChoice::default());
+            assert_eq!(tool_choice_for(&required, later), ToolChoice::default());
+            assert_eq!(tool_choice_for(&none, later), none);
+        }
     }
 }

@@ -16,10 +16,11 @@ use crate::events::LoggedEvent;
 
 pub(super) const RUN_COLUMNS: &str = "id, session_id, status, provider, model, tool_choice, \
      metadata, iterations, finish_reason, input_tokens, output_tokens, total_tokens, error, \
-     tools, max_iterations, client_request_id, created_at, updated_at";
+     tools, max_iterations, client_request_id, created_at, updated_at, reasoning_tokens, \
+     usage_estimated";
 
-pub(super) const MESSAGE_COLUMNS: &str =
-    "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at";
+pub(super) const MESSAGE_COLUMNS: &str = "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at, \
+     reasoning";
 
 #[derive(sqlx::FromRow)]
 pub(super) struct RunRow {
@@ -41,6 +42,8 @@ pub(super) struct RunRow {
     client_request_id: Option<String>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    reasoning_tokens: i64,
+    usage_estimated: bool,
 }
 
 fn corrupt(what: &str, value: impl std::fmt::Display) -> StoreError {
@@ -81,8 +84,8 @@ impl TryFrom<RunRow> for RunRecord {
                 .map(|r| FinishReason::parse(&r).ok_or_else(|| corrupt("finish_reason", r)))
                 .transpose()?,
             total_usage: TokenUsage {
-                reasoning_tokens: 0,
-                estimated: false,
+                reasoning_tokens: count(row.reasoning_tokens),
+                estimated: row.usage_estimated,
                 input_tokens: count(row.input_tokens),
                 output_tokens: count(row.output_tokens),
                 total_tokens: count(row.total_tokens),
@@ -121,6 +124,7 @@ pub(super) struct MessageRow {
     tool_call_id: Option<String>,
     tool_name: Option<String>,
     created_at: DateTime<Utc>,
+    reasoning: String,
 }
 
 impl TryFrom<MessageRow> for Message {
@@ -134,8 +138,7 @@ impl TryFrom<MessageRow> for Message {
             role: Role::parse(&row.role).ok_or_else(|| corrupt("role", &row.role))?,
             content: json("content", &row.content)?,
             tool_calls: json("tool_calls", &row.tool_calls)?,
-            // Not stored yet (issue #8 adds the column).
-            reasoning: Vec::new(),
+            reasoning: json("reasoning", &row.reasoning)?,
             tool_call_id: row.tool_call_id,
             tool_name: row.tool_name,
             created_at: row.created_at,
@@ -249,7 +252,7 @@ macro_rules! impl_store {
                 };
                 let content = to_json(&[$crate::domain::ContentPart::Text { text: run.input.clone() }])?;
                 sqlx::query(&format!(
-                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, '[]', NULL, NULL, $5)"
+                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, '[]', NULL, NULL, $5, '[]')"
                 ))
                 .bind(run.user_message_id.0)
                 .bind(run.session_id.0)
@@ -333,7 +336,9 @@ macro_rules! impl_store {
                              iterations = COALESCE($3, iterations), \
                              input_tokens = COALESCE($4, input_tokens), \
                              output_tokens = COALESCE($5, output_tokens), \
-                             total_tokens = COALESCE($6, total_tokens), updated_at = $7 \
+                             total_tokens = COALESCE($6, total_tokens), updated_at = $7, \
+                             reasoning_tokens = COALESCE($8, reasoning_tokens), \
+                             usage_estimated = COALESCE($9, usage_estimated) \
                              WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')",
                         )
                         .bind(write.run_id.0)
@@ -343,6 +348,8 @@ macro_rules! impl_store {
                         .bind(usage.map(|u| to_i64(u.output_tokens)))
                         .bind(usage.map(|u| to_i64(u.total_tokens)))
                         .bind(chrono::Utc::now())
+                        .bind(usage.map(|u| to_i64(u.reasoning_tokens)))
+                        .bind(usage.map(|u| u.estimated))
                         .execute(&mut *tx)
                         .await?;
                     }
@@ -508,7 +515,7 @@ macro_rules! impl_explain_conflict {
             ) -> $crate::store::StoreResult<()> {
                 use $crate::store::sql::{MESSAGE_COLUMNS, to_json};
                 sqlx::query(&format!(
-                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
                 ))
                 .bind(message.id.0)
                 .bind(message.session_id.0)
@@ -519,6 +526,7 @@ macro_rules! impl_explain_conflict {
                 .bind(message.tool_call_id.as_deref())
                 .bind(message.tool_name.as_deref())
                 .bind(message.created_at)
+                .bind(to_json(&message.reasoning)?)
                 .execute(connection)
                 .await?;
                 Ok(())

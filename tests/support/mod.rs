@@ -12,3 +12,4 @@ pub mod fake_anthropic;
 pub mod fake_openai;
 pub mod schema;
 pub mod server;
+pub mod validate;

@@ -1,0 +1,296 @@
+//! One model call's stream as events of the run: text, reasoning, tool calls, retries, usage.
+//! Every `tool_call_started` gets its `tool_call_completed`: a call the stream started and never
+//! completed is completed here with its argument text as `invalid_arguments`.
+
+use futures::StreamExt;
+
+use super::RunEmitter;
+use crate::domain::{FinishReason, Reasoning, TokenUsage, ToolCall};
+use crate::events::{
+    CacheMetrics, EventPayload, ModelRetrying, ReasoningDelta, TextDelta, ToolCallCompleted,
+    ToolCallDelta, ToolCallStarted,
+};
+use crate::provider::{ModelEvent, ModelStream, ProviderError};
+
+use super::event_log::LogError;
+
+/// One model call's result.
+#[derive(Debug)]
+pub(super) struct ModelTurn {
+    /// The answer text.
+    pub text: String,
+    /// The streamed reasoning text (for estimates).
+    pub reasoning_text: String,
+    /// The complete reasoning blocks, to store with the message.
+    pub reasoning: Vec<Reasoning>,
+    /// The tool calls, in the model's order.
+    pub tool_calls: Vec<ToolCall>,
+    /// The provider's usage; `None` when it reported none.
+    pub usage: Option<TokenUsage>,
+    /// Prompt-cache figures.
+    pub cache: Option<CacheMetrics>,
+    /// Why the model stopped.
+    pub finish_reason: FinishReason,
+}
+
+impl ModelTurn {
+    /// True when the model produced nothing to store: no text and no tool call.
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.tool_calls.is_empty()
+    }
+}
+
+/// Why reading a stream failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum TurnError {
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// The stream ended without `Finished` (an adapter bug or a cut stream).
+    #[error("the model stream ended without a finish reason")]
+    NoFinish,
+}
+
+/// Emits what one model call streams and collects its result.
+pub(super) async fn read_model_stream(
+    emitter: &RunEmitter,
+    mut stream: ModelStream,
+) -> Result<ModelTurn, TurnError> {
+    let mut turn = ModelTurn {
+        text: String::new(),
+        reasoning_text: String::new(),
+        reasoning: Vec::new(),
+        tool_calls: Vec::new(),
+        usage: None,
+        cache: None,
+        finish_reason: FinishReason::Unknown,
+    };
+    // Calls started and not yet completed: (call id, tool name, argument text so far).
+    let mut open: Vec<(String, String, String)> = Vec::new();
+    let mut finished = false;
+    while let Some(event) = stream.next().await {
+        match event? {
+            ModelEvent::TextDelta(delta) => {
+                turn.text.push_str(&delta);
+                emitter
+                    .emit(EventPayload::TextDelta(TextDelta { delta }))
+                    .await?;
+            }
+            ModelEvent::ReasoningDelta(delta) => {
+                turn.reasoning_text.push_str(&delta);
+                emitter
+                    .emit(EventPayload::ReasoningDelta(ReasoningDelta { delta }))
+                    .await?;
+            }
+            ModelEvent::ReasoningCompleted(block) => turn.reasoning.push(block),
+            ModelEvent::ToolCallStarted { call_id, tool_name } => {
+                open.push((call_id.clone(), tool_name.clone(), String::new()));
+                emitter
+                    .emit(EventPayload::ToolCallStarted(ToolCallStarted {
+                        call_id,
+                        tool_name,
+                    }))
+                    .await?;
+            }
+            ModelEvent::ToolCallDelta { call_id, delta } => {
+                if let Some((_, _, text)) = open.iter_mut().rev().find(|(id, _, _)| *id == call_id)
+                {
+                    text.push_str(&delta);
+                }
+                emitter
+                    .emit(EventPayload::ToolCallDelta(ToolCallDelta {
+                        call_id,
+                        delta,
+                    }))
+                    .await?;
+            }
+            ModelEvent::ToolCallCompleted(call) => {
+                if let Some(position) = open.iter().position(|(id, _, _)| *id == call.id) {
+                    open.remove(position);
+                }
+                turn.tool_calls.push(call.clone());
+                emitter
+                    .emit(EventPayload::ToolCallCompleted(ToolCallCompleted { call }))
+                    .await?;
+            }
+            ModelEvent::Retrying {
+                attempt,
+                error_class,
+                delay,
+                error,
+            } => {
+                emitter
+                    .emit(EventPayload::ModelRetrying(ModelRetrying {
+                        attempt,
+                        error_class,
+                        delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                        error,
+                    }))
+                    .await?;
+            }
+            ModelEvent::Usage { usage, cache } => {
+                turn.usage = Some(usage);
+                turn.cache = cache;
+            }
+            ModelEvent::Finished(reason) => {
+                turn.finish_reason = reason;
+                finished = true;
+            }
+        }
+    }
+    if !finished {
+        return Err(TurnError::NoFinish);
+    }
+    // A call started and never completed (its arguments did not parse, or the stream cut it):
+    // completed here as a call with invalid arguments, so it gets a result the model sees.
+    for (n, (call_id, name, text)) in open.into_iter().enumerate() {
+        let id = if call_id.is_empty() {
+            format!("call_incomplete_{n}")
+        } else {
+            call_id
+        };
+        let call = ToolCall {
+            id,
+            name,
+            arguments: serde_json::json!({}),
+            invalid_arguments: Some(text),
+        };
+        turn.tool_calls.push(call.clone());
+        emitter
+            .emit(EventPayload::ToolCallCompleted(ToolCallCompleted { call }))
+            .await?;
+    }
+    Ok(turn)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::domain::{ErrorClass, MessageId, RunId, SessionId};
+    use crate::events::EventFeed;
+    use crate::runtime::{EventLog, TraceContext};
+    use crate::store::{NewRun, Store};
+
+    /// A run's emitter over a fresh SQLite store.
+    async fn emitter(dir: &tempfile::TempDir) -> (Arc<dyn Store>, RunEmitter, RunId) {
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = crate::store::connect(&url).await.unwrap();
+        let run_id = RunId::new();
+        store
+            .create_run(&NewRun {
+                id: run_id,
+                session_id: SessionId::new(),
+                create_session: true,
+                provider: "p".to_owned(),
+                model: "m".to_owned(),
+                tool_choice: crate::domain::ToolChoice::default(),
+                metadata: serde_json::json!({}),
+                input: "hi".to_owned(),
+                user_message_id: MessageId::new(),
+                tools: None,
+                max_iterations: 5,
+                client_request_id: None,
+                request_hash: None,
+                created_at: chrono::Utc::now(),
+            })
+            .await
+            .unwrap();
+        let log = EventLog::start(store.clone(), Arc::new(EventFeed::new(64)), 16);
+        let emitter = log.emitter(run_id, 0, TraceContext::default());
+        (store, emitter, run_id)
+    }
+
+    fn stream(events: Vec<ModelEvent>) -> ModelStream {
+        Box::pin(futures::stream::iter(events.into_iter().map(Ok)))
+    }
+
+    #[tokio::test]
+    async fn retries_reasoning_and_open_calls_become_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, emitter, run_id) = emitter(&dir).await;
+        let block = Reasoning {
+            text: "think".to_owned(),
+            signature: Some("sig".to_owned()),
+            redacted_data: None,
+        };
+        let events = vec![
+            ModelEvent::Retrying {
+                attempt: 1,
+                error_class: ErrorClass::RateLimited,
+                delay: Duration::from_millis(1500),
+                error: "429".to_owned(),
+            },
+            ModelEvent::ReasoningDelta("think".to_owned()),
+            ModelEvent::ReasoningCompleted(block.clone()),
+            ModelEvent::TextDelta("Hi".to_owned()),
+            ModelEvent::ToolCallStarted {
+                call_id: "c1".to_owned(),
+                tool_name: "add".to_owned(),
+            },
+            ModelEvent::ToolCallDelta {
+                call_id: "c1".to_owned(),
+                delta: "{\"a\":".to_owned(),
+            },
+            ModelEvent::ToolCallCompleted(ToolCall {
+                id: "c2".to_owned(),
+                name: "add".to_owned(),
+                arguments: serde_json::json!({}),
+                invalid_arguments: Some("{{".to_owned()),
+            }),
+            ModelEvent::Finished(FinishReason::ToolCalls),
+        ];
+        let turn = read_model_stream(&emitter, stream(events)).await.unwrap();
+        assert_eq!(turn.reasoning, vec![block]);
+        assert_eq!(turn.reasoning_text, "think");
+        assert_eq!(turn.text, "Hi");
+        assert_eq!(turn.usage, None, "no usage reported");
+        // The adapter's invalid call, then the call it started and never completed.
+        let ids: Vec<(&str, Option<&str>)> = turn
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.invalid_arguments.as_deref()))
+            .collect();
+        assert_eq!(ids, vec![("c2", Some("{{")), ("c1", Some("{\"a\":"))]);
+        let logged = store.read_events(run_id, 0, 100).await.unwrap();
+        let kinds: Vec<&str> = logged.iter().map(|e| e.event_type.as_str()).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                "model_retrying",
+                "reasoning_delta",
+                "text_delta",
+                "tool_call_started",
+                "tool_call_delta",
+                "tool_call_completed",
+                "tool_call_completed",
+            ]
+        );
+        let retry: serde_json::Value = serde_json::from_str(&logged[0].data).unwrap();
+        assert_eq!(
+            (&retry["attempt"], &retry["error_class"], &retry["delay_ms"]),
+            (
+                &serde_json::json!(1),
+                &serde_json::json!("rate_limited"),
+                &serde_json::json!(1500)
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_finish_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_store, emitter, _) = emitter(&dir).await;
+        let result = read_model_stream(
+            &emitter,
+            stream(vec![ModelEvent::TextDelta("Hi".to_owned())]),
+        )
+        .await;
+        assert!(matches!(result, Err(TurnError::NoFinish)));
+    }
+}

@@ -1,0 +1,375 @@
+//! Executing the model's tool calls and committing their results: every
+//! `tool_execution_started` gets exactly one `tool_execution_finished` (also when the run is
+//! cancelled, shut down or interrupted mid-call), and every tool call of the session gets
+//! exactly one tool message, so the session's next request is one providers accept.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+
+use super::{RunEmitter, Runtime};
+use crate::config::RuntimeConfig;
+use crate::domain::{ContentPart, Message, MessageId, Role, RunRecord, RunStatus, ToolCall};
+use crate::events::{
+    EventPayload, MessageCommitted, ToolExecutionFinished, ToolExecutionResult,
+    ToolExecutionStarted, ToolFailure, ToolSuccess,
+};
+use crate::store::{RunChange, Store, StoreError};
+
+use super::event_log::LogError;
+
+/// The result text of a call that was left open when the server stopped (crash or shutdown).
+pub(super) const INTERRUPTED: &str =
+    "interrupted: the server stopped before this tool call finished; its outcome is unknown";
+/// The result text of a call that was open when the run was cancelled.
+pub(super) const CANCELLED: &str =
+    "cancelled: the run was cancelled before this tool call finished";
+
+/// Bytes of invalid argument text quoted back to the model.
+const ARGUMENT_EXCERPT_BYTES: usize = 200;
+
+/// Executions that emitted `tool_execution_started` and not yet `tool_execution_finished`,
+/// shared with the supervisor, which finishes them when it aborts the run.
+#[derive(Debug, Clone, Default)]
+pub(super) struct InFlight(Arc<Mutex<Vec<(String, String, Instant)>>>);
+
+impl InFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, String, Instant)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn add(&self, call: &ToolCall) {
+        self.lock()
+            .push((call.id.clone(), call.name.clone(), Instant::now()));
+    }
+
+    fn remove(&self, call_id: &str) {
+        let mut open = self.lock();
+        if let Some(position) = open.iter().position(|(id, _, _)| id == call_id) {
+            open.remove(position);
+        }
+    }
+
+    /// Emits `tool_execution_finished` with a `Failure` (`reason`) for every execution still
+    /// open, and forgets them.
+    pub(super) async fn finish_all(
+        &self,
+        emitter: &RunEmitter,
+        reason: &str,
+    ) -> Result<(), LogError> {
+        let open = std::mem::take(&mut *self.lock());
+        for (call_id, tool_name, started) in open {
+            emitter
+                .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
+                    call_id,
+                    tool_name,
+                    result: ToolExecutionResult::Failure(ToolFailure {
+                        error: reason.to_owned(),
+                    }),
+                    duration_ms: millis(started),
+                }))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+fn millis(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Executes one tool call: `tool_execution_started`, the call (validated, with the timeout),
+/// `tool_execution_finished`. A call with invalid arguments is not executed: its result is a
+/// `Failure` quoting the start of its argument text. Returns the content of its tool message.
+pub(super) async fn execute_tool(
+    runtime: &Runtime,
+    emitter: &RunEmitter,
+    in_flight: &InFlight,
+    record: &RunRecord,
+    call: ToolCall,
+    config: &RuntimeConfig,
+) -> Result<(ToolCall, Vec<ContentPart>), LogError> {
+    // Registered in the same poll that queues the event: an abort cannot fall in between.
+    in_flight.add(&call);
+    emitter
+        .emit_with(
+            EventPayload::ToolExecutionStarted(ToolExecutionStarted {
+                call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+            }),
+            RunChange {
+                status: Some(RunStatus::WaitingForTools),
+                ..RunChange::default()
+            },
+        )
+        .await?;
+    let started = Instant::now();
+    let allowed = record
+        .tools
+        .as_ref()
+        .is_none_or(|tools| tools.contains(&call.name));
+    let outcome = if let Some(raw) = &call.invalid_arguments {
+        Err(format!(
+            "the arguments were not valid JSON: {}",
+            excerpt(raw, ARGUMENT_EXCERPT_BYTES)
+        ))
+    } else if allowed {
+        let timeout = Duration::from_millis(config.tool_timeout_ms);
+        match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await
+        {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "`{}` timed out after {} ms",
+                call.name, config.tool_timeout_ms
+            )),
+        }
+    } else {
+        Err(format!(
+            "the tool `{}` is not available to this run",
+            call.name
+        ))
+    };
+    let budget = config.max_tool_output_bytes;
+    let result = match outcome {
+        Ok(output) => ToolExecutionResult::Success(ToolSuccess {
+            output: truncate_output(output, budget),
+        }),
+        Err(error) => ToolExecutionResult::Failure(ToolFailure {
+            error: truncate_text(&error, budget),
+        }),
+    };
+    let content = tool_content(&result);
+    in_flight.remove(&call.id);
+    emitter
+        .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
+            call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            result,
+            duration_ms: millis(started),
+        }))
+        .await?;
+    Ok((call, content))
+}
+
+/// The first `max` bytes of `text` (cut on a UTF-8 boundary), with `…` when cut.
+fn excerpt(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &text[..cut])
+}
+
+/// What the model sees of a result: a string output as text, other JSON as a JSON part, a
+/// failure as text starting with `error: `.
+fn tool_content(result: &ToolExecutionResult) -> Vec<ContentPart> {
+    match result {
+        ToolExecutionResult::Success(ToolSuccess {
+            output: serde_json::Value::String(text),
+        }) => vec![ContentPart::Text { text: text.clone() }],
+        ToolExecutionResult::Success(success) => vec![ContentPart::Json {
+            value: success.output.clone(),
+        }],
+        ToolExecutionResult::Failure(failure) => vec![ContentPart::Text {
+            text: format!("error: {}", failure.error),
+        }],
+    }
+}
+
+/// Keeps a tool output within `budget` bytes of serialized JSON: a larger one becomes its text
+/// cut on a UTF-8 boundary plus a marker saying how much was cut.
+pub(super) fn truncate_output(output: serde_json::Value, budget: usize) -> serde_json::Value {
+    let text = match &output {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    if text.len() <= budget {
+        return output;
+    }
+    serde_json::Value::String(truncate_text(&text, budget))
+}
+
+/// `text` within `budget` bytes plus a marker saying how much was cut (unchanged when it fits).
+fn truncate_text(text: &str, budget: usize) -> String {
+    if text.len() <= budget {
+        return text.to_owned();
+    }
+    let mut cut = budget;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(
+        "{}\n[truncated: {} of {} bytes cut]",
+        &text[..cut],
+        text.len() - cut,
+        text.len()
+    )
+}
+
+/// Stores one tool message answering `call` and emits `tool_message_committed`.
+pub(super) async fn commit_tool_message(
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    call: &ToolCall,
+    content: Vec<ContentPart>,
+) -> Result<Message, LogError> {
+    let mut message = new_message(record, Role::Tool, content, Vec::new());
+    message.tool_call_id = Some(call.id.clone());
+    message.tool_name = Some(call.name.clone());
+    let committed = RunChange {
+        message: Some(message.clone()),
+        ..RunChange::default()
+    };
+    emitter
+        .emit_with(
+            EventPayload::ToolMessageCommitted(MessageCommitted {
+                message_id: message.id,
+            }),
+            committed,
+        )
+        .await?;
+    Ok(message)
+}
+
+/// Answers calls that will not run, so the session's history stays valid.
+pub(super) async fn skip_calls(
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    calls: &[ToolCall],
+    reason: &str,
+) -> Result<(), LogError> {
+    for call in calls {
+        let content = vec![ContentPart::Text {
+            text: format!("error: {reason}"),
+        }];
+        commit_tool_message(emitter, record, call, content).await?;
+    }
+    Ok(())
+}
+
+/// For a run whose task is gone (crash, orphan): reads its log and emits a
+/// `tool_execution_finished` with a `Failure` (`reason`) for every `tool_execution_started`
+/// that has none.
+///
+/// # Errors
+/// The store's or the event log's.
+pub(super) async fn finish_logged_executions(
+    store: &dyn Store,
+    emitter: &RunEmitter,
+    run_id: crate::domain::RunId,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let mut open: Vec<(String, String)> = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.read_events(run_id, after, 500).await?;
+        let Some(last) = page.last() else { break };
+        after = last.sequence;
+        for event in &page {
+            let started = event.event_type == "tool_execution_started";
+            if !started && event.event_type != "tool_execution_finished" {
+                continue;
+            }
+            let data: serde_json::Value = serde_json::from_str(&event.data)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let call_id = data["call_id"].as_str().unwrap_or_default().to_owned();
+            if started {
+                let tool_name = data["tool_name"].as_str().unwrap_or_default().to_owned();
+                open.push((call_id, tool_name));
+            } else if let Some(position) = open.iter().position(|(id, _)| *id == call_id) {
+                open.remove(position);
+            }
+        }
+    }
+    for (call_id, tool_name) in open {
+        emitter
+            .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
+                call_id,
+                tool_name,
+                result: ToolExecutionResult::Failure(ToolFailure {
+                    error: reason.to_owned(),
+                }),
+                duration_ms: 0,
+            }))
+            .await
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// After a run ended early (cancelled, failed, interrupted by a crash): answers every tool call
+/// of the run that has no tool message yet, so the session's next run sends a valid history.
+///
+/// # Errors
+/// The store's or the event log's.
+pub(super) async fn answer_open_calls(
+    store: &Arc<dyn Store>,
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let messages = store.session_messages(record.session_id).await?;
+    let answered: HashSet<&str> = messages
+        .iter()
+        .filter_map(|m| m.tool_call_id.as_deref())
+        .collect();
+    let open: Vec<ToolCall> = messages
+        .iter()
+        .filter(|m| m.run_id == record.id)
+        .flat_map(|m| m.tool_calls.iter())
+        .filter(|call| !answered.contains(call.id.as_str()))
+        .cloned()
+        .collect();
+    skip_calls(emitter, record, &open, reason)
+        .await
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// A new message of the run.
+pub(super) fn new_message(
+    record: &RunRecord,
+    role: Role,
+    content: Vec<ContentPart>,
+    tool_calls: Vec<ToolCall>,
+) -> Message {
+    Message {
+        reasoning: Vec::new(),
+        id: MessageId::new(),
+        session_id: record.session_id,
+        run_id: record.id,
+        role,
+        content,
+        tool_calls,
+        tool_call_id: None,
+        tool_name: None,
+        created_at: Utc::now(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_failure_is_cut_like_an_output() {
+        let error = "é".repeat(400_000);
+        let cut = truncate_text(&error, 1000);
+        assert!(cut.len() < 1100, "{}", cut.len());
+        assert!(
+            cut.ends_with("[truncated: 799000 of 800000 bytes cut]"),
+            "{cut}"
+        );
+        assert_eq!(truncate_text("short", 1000), "short");
+    }
+
+    #[test]
+    fn excerpts_cut_on_a_char_boundary() {
+        assert_eq!(excerpt("abc", 10), "abc");
+        assert_eq!(excerpt("ééé", 3), "é…");
+    }
+}
