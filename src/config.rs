@@ -57,6 +57,9 @@ pub struct RuntimeConfig {
     pub keep_alive_ms: u64,
     /// Request body limit in bytes; default 1 MiB.
     pub max_body_bytes: usize,
+    /// Byte budget of one list page (`GET /runs`, `GET /sessions`): records are added until
+    /// their serialized size passes it, then `next_cursor` continues; default 1 MiB.
+    pub max_page_bytes: usize,
     /// Highest `max_iterations` a run may ask for; default 100.
     pub max_iterations_cap: u32,
     /// Tool calls per run at most; default 100.
@@ -152,7 +155,8 @@ impl Default for RuntimeConfig {
             max_batch_events: 256,
             keep_alive_ms: 15_000,
             max_body_bytes: 1 << 20,
-            max_iterations_cap: 100,
+            max_page_bytes: 1 << 20,
+            max_iterations_cap: crate::domain::DEFAULT_MAX_ITERATIONS_CAP,
             max_tool_calls: 100,
             tool_concurrency: 8,
             tool_timeout_ms: 60_000,
@@ -473,6 +477,10 @@ impl Config {
                 "runtime.tool_concurrency must be at least 1",
             ),
             (
+                runtime.max_page_bytes >= 1,
+                "runtime.max_page_bytes must be at least 1",
+            ),
+            (
                 runtime.tool_timeout_ms >= 1,
                 "runtime.tool_timeout_ms must be at least 1",
             ),
@@ -516,6 +524,15 @@ impl Config {
                 )));
             }
             provider_options_check(id, provider)?;
+            for (name, model) in &provider.models {
+                if model.max_output_tokens >= model.context_window {
+                    return Err(ConfigError::Check(format!(
+                        "providers.{id}.models.{name}.max_output_tokens ({}) must be below its \
+                         context_window ({}): the reply would leave no room for the prompt",
+                        model.max_output_tokens, model.context_window
+                    )));
+                }
+            }
             if let Some(var) = &provider.api_key_env {
                 let key = std::env::var(var)
                     .ok()
@@ -650,7 +667,7 @@ mod tests {
     #[test]
     fn bad_kind_is_named() {
         let error = Config::from_toml(
-            "[providers.x]\nkind = \"bogus\"\nbase_url = \"http://h\"\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+            "[providers.x]\nkind = \"bogus\"\nbase_url = \"http://h\"\n[providers.x.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
         )
         .err()
         .map(|e| e.to_string())
@@ -661,7 +678,7 @@ mod tests {
     #[test]
     fn missing_key_variable_is_named_without_value() {
         let error = Config::from_toml(
-            "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\napi_key_env = \"BEHEST_SURELY_UNSET_VAR\"\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+            "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\napi_key_env = \"BEHEST_SURELY_UNSET_VAR\"\n[providers.x.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
         )
         .err()
         .map(|e| e.to_string())
@@ -683,8 +700,12 @@ mod tests {
             ("[runtime]\nkeep_alive_ms = 0\n", "keep_alive_ms"),
             ("[runtime]\nmax_batch_events = 0\n", "max_batch_events"),
             (
-                "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.timeouts]\ntotal_ms = 0\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+                "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.timeouts]\ntotal_ms = 0\n[providers.x.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
                 "providers.x.timeouts",
+            ),
+            (
+                "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.models.m]\ncontext_window = 8192\nmax_output_tokens = 8192\n",
+                "providers.x.models.m.max_output_tokens",
             ),
         ] {
             let error = Config::from_toml(toml)
@@ -730,7 +751,7 @@ mod tests {
     #[test]
     fn zero_attempts_are_rejected() {
         let error = Config::from_toml(
-            "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.retry]\nmax_attempts = 0\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+            "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.retry]\nmax_attempts = 0\n[providers.x.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
         )
         .err()
         .map(|e| e.to_string())

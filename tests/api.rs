@@ -132,10 +132,6 @@ async fn bad_create_requests_are_rejected_without_a_record() {
         (json!({"model": "fake-model", "input": "hi"}), "provider"),
         (json!({"provider": "fake", "input": "hi"}), "model"),
         (json!({"provider": "fake", "model": "fake-model"}), "input"),
-        (
-            json!({"provider": "fake", "model": "fake-model", "input": ""}),
-            "input",
-        ),
     ] {
         let problem = api
             .problem(
@@ -148,6 +144,14 @@ async fn bad_create_requests_are_rejected_without_a_record() {
             .await;
         assert_eq!(problem["field"], field);
         assert!(problem["detail"].as_str().unwrap().contains(field));
+    }
+    // Present but empty or blank: invalid, not missing.
+    for input in ["", " \n "] {
+        let blank = json!({"provider": "fake", "model": "fake-model", "input": input}).to_string();
+        let problem = api
+            .problem("POST", "/runs", Some(&blank), 422, "invalid_field")
+            .await;
+        assert_eq!(problem["field"], "input");
     }
     let unknown = json!({"provider": "nope", "model": "m", "input": "hi"}).to_string();
     let problem = api

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::{RunId, RunStatus};
+use crate::domain::{CreateRunRequest, RunId, RunStatus};
 use crate::runtime::CreateRunError;
 use crate::store::StoreError;
 
@@ -44,12 +44,14 @@ pub struct ApiError(Box<Problem>);
 impl ApiError {
     /// A problem with status, code and detail.
     #[must_use]
+    /// A detail longer than [`MAX_DETAIL_BYTES`] is cut there with a `… (truncated)` marker, so
+    /// no client value is echoed at length.
     pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
         Self(Box::new(Problem {
             problem_type: "about:blank".to_owned(),
             title: status.canonical_reason().unwrap_or("Error").to_owned(),
             status: status.as_u16(),
-            detail: detail.into(),
+            detail: clip(detail.into(), MAX_DETAIL_BYTES),
             code: code.to_owned(),
             field: None,
             run_id: None,
@@ -60,7 +62,7 @@ impl ApiError {
     /// Names the offending field.
     #[must_use]
     pub fn field(mut self, field: &str) -> Self {
-        self.0.field = Some(field.to_owned());
+        self.0.field = Some(clip(field.to_owned(), MAX_FIELD_BYTES));
         self
     }
 
@@ -91,6 +93,15 @@ impl ApiError {
             "internal_error",
             "the server failed to handle the request; it was logged",
         )
+    }
+}
+
+impl ApiError {
+    /// 422 `invalid_body` in words for serde's message `located` (prefixed with the path of
+    /// the offending value when there is one).
+    #[must_use]
+    pub(super) fn body_mismatch(located: &str) -> Self {
+        body_mismatch(located)
     }
 }
 
@@ -126,15 +137,7 @@ impl From<JsonRejection> for ApiError {
                 let located = std::error::Error::source(&e)
                     .map(ToString::to_string)
                     .unwrap_or_else(|| source_text(&e));
-                let problem = Self::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_body",
-                    format!("the body does not match the schema: {located}"),
-                );
-                match located.split_once(": ") {
-                    Some((path, _)) if path != "." && !path.contains(' ') => problem.field(path),
-                    _ => problem,
-                }
+                body_mismatch(&located)
             }
             JsonRejection::MissingJsonContentType(_) => Self::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -203,6 +206,66 @@ impl From<CreateRunError> for ApiError {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_tool", detail).field("tools")
             }
             CreateRunError::Store(error) => Self::internal(&error),
+        }
+    }
+}
+
+/// Most bytes of a problem's `detail`; a longer one (one that would echo a long client value)
+/// is cut with a `… (truncated)` marker.
+pub const MAX_DETAIL_BYTES: usize = 400;
+
+/// Most bytes of a problem's `field`.
+const MAX_FIELD_BYTES: usize = 100;
+
+/// `text` cut to at most `max` bytes (at a character boundary) plus `… (truncated)`.
+fn clip(mut text: String, max: usize) -> String {
+    const MARKER: &str = "… (truncated)";
+    if text.len() <= max {
+        return text;
+    }
+    let mut cut = max.saturating_sub(MARKER.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(MARKER);
+    text
+}
+
+/// 422 `invalid_body` for a JSON body of the wrong shape, in words rather than serde's (which
+/// name Rust types, "untagged enum", "expected u32"): `located` is serde's message, prefixed
+/// with the path of the offending value when there is one.
+fn body_mismatch(located: &str) -> ApiError {
+    let invalid =
+        |detail: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", detail);
+    let quoted = |message: &str| message.split('`').nth(1).map(str::to_owned);
+    if let Some(at) = located.find("unknown field `") {
+        let name = quoted(&located[at..]).unwrap_or_default();
+        return invalid(format!(
+            "unknown field `{name}`; the body accepts {}",
+            CreateRunRequest::FIELDS.join(", ")
+        ))
+        .field(&name);
+    }
+    match located.split_once(": ") {
+        Some((path, _)) if !path.is_empty() && path != "." && !path.contains(' ') => {
+            let top = path.split(['.', '[']).next().unwrap_or(path);
+            let detail = match CreateRunRequest::expectation(top) {
+                Some(expectation) => format!("`{top}` {expectation}"),
+                None => format!("`{top}` has the wrong type"),
+            };
+            invalid(detail).field(top)
+        }
+        _ => {
+            let message = located.strip_prefix(". ").unwrap_or(located);
+            if message.starts_with("duplicate field") {
+                let name = quoted(message).unwrap_or_default();
+                invalid(format!("the field `{name}` is given twice")).field(&name)
+            } else if message.starts_with("invalid type") {
+                invalid("the body must be a JSON object".to_owned())
+            } else {
+                invalid("the body does not match the schema".to_owned())
+            }
         }
     }
 }

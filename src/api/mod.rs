@@ -65,7 +65,7 @@ impl std::ops::Deref for AppState {
         title = "behest",
         description = "Agent runtime server: runs over HTTP/JSON, one durable event log, \
                        Server-Sent Events with exact resume (`Last-Event-ID`).",
-        license(name = "MIT OR Apache-2.0")
+        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0")
     ),
     tags(
         (name = "runs", description = "RunService: create, list, read, cancel and watch runs."),
@@ -95,14 +95,71 @@ fn router() -> OpenApiRouter<AppState> {
 /// The OpenAPI document of [`app`], as served at `/openapi.json`.
 #[must_use]
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    router().split_for_parts().1
+    complete(router().split_for_parts().1)
+}
+
+/// What the route macros cannot say, added to every operation: any of them may answer
+/// `500 internal_error` (a store failure), and each `text/event-stream` response carries
+/// `x-itemSchema`, the OpenAPI 3.2 `itemSchema` of an SSE event (`id`, `event`, and `data`
+/// whose JSON is an `AgentEvent`), next to the 3.1 `schema` that already names `AgentEvent`.
+fn complete(mut spec: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    let internal = ResponseBuilder::new()
+        .description("`internal_error`: the server failed (logged); retry later")
+        .content(
+            "application/problem+json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build(),
+        )
+        .build();
+    let item_schema = serde_json::json!({
+        "type": "object",
+        "required": ["id", "event", "data"],
+        "properties": {
+            "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The event's `sequence`"},
+            "event": {"type": "string", "description": "The event's `type`"},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": {"$ref": "#/components/schemas/AgentEvent"}
+            }
+        }
+    });
+    for item in spec.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            let responses = &mut operation.responses.responses;
+            responses
+                .entry("500".to_owned())
+                .or_insert_with(|| RefOr::T(internal.clone()));
+            for response in responses.values_mut() {
+                let RefOr::T(response) = response else {
+                    continue;
+                };
+                if let Some(content) = response.content.get_mut("text/event-stream") {
+                    content
+                        .extensions
+                        .get_or_insert_with(Default::default)
+                        .insert("x-itemSchema".to_owned(), item_schema.clone());
+                }
+            }
+        }
+    }
+    spec
 }
 
 /// The whole HTTP app over `state`.
 pub fn app(state: AppState) -> Router {
     let max_body = state.runtime.config().max_body_bytes;
     let (router, spec) = router().split_for_parts();
-    let spec = Arc::new(spec);
+    let spec = Arc::new(complete(spec));
     router
         .route(
             "/openapi.json",

@@ -1,5 +1,6 @@
-//! Cursor pagination shared by the list routes: `limit` (1 to 200, default 50) and an opaque
-//! `cursor` (the last id of the previous page), newest first.
+//! Cursor pagination shared by the list routes: `limit` (1 to 200, default 50), an opaque
+//! `cursor` (the last id of the previous page), newest first, and a byte budget per page
+//! (`runtime.max_page_bytes`): a page stops once its records' serialized size passes it.
 
 use std::str::FromStr;
 
@@ -56,14 +57,28 @@ impl<Id: FromStr> Page<Id> {
         self.limit + 1
     }
 
-    /// Cuts `items` (fetched with [`Page::fetch`]) to the page; returns the next cursor when
-    /// more items follow.
-    pub fn finish<T>(&self, items: &mut Vec<T>, id: impl Fn(&T) -> String) -> Option<String> {
-        let limit = self.limit as usize;
-        if items.len() <= limit {
+    /// Cuts `items` (fetched with [`Page::fetch`]) to the page: at most `limit` items, and no
+    /// more once their serialized size passed `max_bytes` (the item that passes it is kept, so
+    /// every page makes progress). Returns the next cursor when more items follow.
+    pub fn finish<T: serde::Serialize>(
+        &self,
+        items: &mut Vec<T>,
+        max_bytes: usize,
+        id: impl Fn(&T) -> String,
+    ) -> Option<String> {
+        let mut keep = items.len().min(self.limit as usize);
+        let mut bytes = 0usize;
+        for (index, item) in items.iter().enumerate().take(keep) {
+            bytes += serde_json::to_vec(item).map_or(0, |json| json.len());
+            if bytes > max_bytes {
+                keep = index + 1;
+                break;
+            }
+        }
+        if items.len() <= keep {
             return None;
         }
-        items.truncate(limit);
+        items.truncate(keep);
         items.last().map(id)
     }
 }

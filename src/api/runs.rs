@@ -109,12 +109,12 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
         (status = 202, description = "Run created (or, with `Idempotent-Replayed: true`, the run an earlier identical request created); `Location` is the run", body = CreateRunResponse,
             headers(("Location" = String, description = "`/runs/{run_id}`"),
                     ("Idempotent-Replayed" = Option<String>, description = "`true` when an earlier identical request created the run"))),
-        (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`malformed_json`; `invalid_header` (`Idempotency-Key` not visible ASCII)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`session_busy` (with the active `run_id`), `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`missing_field`, `invalid_field`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`missing_field` (a required field is absent), `invalid_field` (empty or blank, NUL character, `metadata` not an object or over 16384 bytes, `max_iterations` out of range, `tool_choice` without tools), `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body` (not a JSON object, a field of the wrong type, an unknown field); `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run(
     State(state): State<AppState>,
@@ -145,10 +145,12 @@ pub async fn create_run(
             content_type = "text/event-stream", body = AgentEvent,
             headers(("X-Run-Id" = String, description = "The new run's id"),
                     ("Location" = String, description = "`/runs/{run_id}`"))),
-        (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`malformed_json`; `invalid_header` (`Idempotency-Key` not visible ASCII)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`session_busy`, `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "As `POST /runs`: `missing_field`, `invalid_field`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run_stream(
     State(state): State<AppState>,
@@ -162,7 +164,7 @@ pub async fn create_run_stream(
     Ok(response)
 }
 
-/// Query of `GET /runs`.
+/// Query of `GET /runs`; an unknown parameter is 400 `invalid_query`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -172,9 +174,12 @@ pub struct ListRunsQuery {
     session_id: Option<String>,
     /// Only runs in this status.
     status: Option<RunStatus>,
-    /// Page size, 1 to 200; default 50.
+    /// Page size, 1 to 200; default 50. A page may hold fewer when its records pass the
+    /// server's byte budget (`runtime.max_page_bytes`, default 1 MiB); `next_cursor` continues.
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<u32>,
-    /// `next_cursor` of the previous page.
+    /// `next_cursor` of the previous page, unchanged (today the last run id of that page).
+    #[param(value_type = Option<String>, format = Uuid)]
     cursor: Option<String>,
 }
 
@@ -192,7 +197,7 @@ pub struct ListRunsResponse {
     params(ListRunsQuery),
     responses(
         (status = 200, description = "A page of runs", body = ListRunsResponse),
-        (status = 400, description = "`invalid_cursor`, `invalid_query`", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_cursor` (not a cursor this server returned); `invalid_query` (`limit` out of 1–200, unknown `status`, `session_id` not a UUID, an unknown parameter)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn list_runs(
     State(state): State<AppState>,
@@ -220,7 +225,8 @@ pub async fn list_runs(
         limit: page.fetch(),
     };
     let mut runs = state.runtime.store().list_runs(&filter).await?;
-    let next_cursor = page.finish(&mut runs, |run| run.id.to_string());
+    let max_bytes = state.runtime.config().max_page_bytes;
+    let next_cursor = page.finish(&mut runs, max_bytes, |run| run.id.to_string());
     Ok(axum::Json(ListRunsResponse { runs, next_cursor }))
 }
 
@@ -283,7 +289,7 @@ pub async fn get_run_output(
     }))
 }
 
-/// Query of `POST /runs/{run_id}/cancel`.
+/// Query of `POST /runs/{run_id}/cancel`; an unknown parameter is 400 `invalid_query`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -294,14 +300,17 @@ pub struct CancelQuery {
 }
 
 /// Cancel a run (proto `RunService.CancelRun`): stops the model call and the loop and ends the
-/// run with one `run_cancelled`. A finished run is left alone (409 with its final status).
+/// run with one `run_cancelled`. Every cancel of an active run gets `202` (`200` with
+/// `wait=true` once the run is terminal), also when a concurrent cancel ended the run first
+/// (up to 2 s before). A run that had finished before is left alone (409 with its status).
 #[utoipa::path(post, path = "/runs/{run_id}/cancel", tag = "runs",
     params(("run_id" = String, Path, description = "Run id"), CancelQuery),
     responses(
         (status = 200, description = "With `wait=true`: the run after its terminal event", body = RunRecord),
-        (status = 202, description = "Cancellation requested; the run as it is now", body = RunRecord),
+        (status = 202, description = "Cancellation requested (by this or a concurrent cancel); the run as it is now", body = RunRecord),
+        (status = 400, description = "`invalid_query`: `wait` is not `true`/`false`, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`run_finished`: already ended; `run_status` says how", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`run_finished`: the run had ended before this request; `run_status` says how", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn cancel_run(
     State(state): State<AppState>,
@@ -325,13 +334,11 @@ pub async fn cancel_run(
         }
         CancelOutcome::Cancelling(record) => record,
     };
-    if !query.wait || record.status.is_terminal() {
-        let status = if record.status.is_terminal() {
-            StatusCode::OK
-        } else {
-            StatusCode::ACCEPTED
-        };
-        return Ok((status, axum::Json(record)).into_response());
+    if !query.wait {
+        return Ok((StatusCode::ACCEPTED, axum::Json(record)).into_response());
+    }
+    if record.status.is_terminal() {
+        return Ok((StatusCode::OK, axum::Json(record)).into_response());
     }
     let after = state.runtime.store().last_sequence(run_id).await?;
     let drained = state
@@ -350,14 +357,32 @@ pub async fn cancel_run(
     Ok((status, axum::Json(record)).into_response())
 }
 
-/// Query of `GET /runs/{run_id}/events`.
+/// Query of `GET /runs/{run_id}/events`. Unlike the other routes, unknown parameters are
+/// ignored here: `EventSource` clients add cache-busters and tokens they cannot leave out.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
 pub struct WatchQuery {
-    /// Resume after this sequence (proto `WatchRunEventsRequest.last_event_id`); the
-    /// `Last-Event-ID` header takes precedence.
+    /// Resume after this sequence (proto `WatchRunEventsRequest.last_event_id`): decimal digits
+    /// only. A non-empty `Last-Event-ID` header takes precedence; an empty one is ignored.
+    #[param(pattern = "^[0-9]+$")]
     last_event_id: Option<String>,
+}
+
+/// Parses a resume cursor: exactly decimal digits (`0`, `42`; not `+5`, ` 5`, `5.0`, `-1`),
+/// fitting in 64 bits.
+fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
+    let digits = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit());
+    digits
+        .then(|| raw.parse::<u64>().ok())
+        .flatten()
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_cursor",
+                format!("`{raw}` is not an event sequence number (decimal digits)"),
+            )
+            .field("last_event_id")
+        })
 }
 
 /// Watch a run's events (proto `RunService.WatchRunEvents`): replay after the cursor, then live,
@@ -365,14 +390,14 @@ pub struct WatchQuery {
 #[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",
     params(
         ("run_id" = String, Path, description = "Run id"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (what EventSource sends)"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored", pattern = "^[0-9]+$"),
         WatchQuery
     ),
     responses(
         (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
             content_type = "text/event-stream", body = AgentEvent),
         (status = 204, description = "The cursor is at or past the terminal event of a finished run: nothing more will come"),
-        (status = 400, description = "`invalid_cursor`", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn watch_run_events(
@@ -381,20 +406,13 @@ pub async fn watch_run_events(
     headers: HeaderMap,
     Query(query): Query<WatchQuery>,
 ) -> Result<Response, ApiError> {
-    let cursor = match headers.get("last-event-id") {
-        Some(value) => Some(value.to_str().unwrap_or("\u{fffd}").to_owned()),
-        None => query.last_event_id,
-    };
-    let after = match cursor.as_deref().map(str::trim) {
+    let header = headers
+        .get("last-event-id")
+        .map(|value| value.to_str().unwrap_or("\u{fffd}"))
+        .filter(|value| !value.is_empty());
+    let after = match header.or(query.last_event_id.as_deref()) {
         None | Some("") => 0,
-        Some(raw) => raw.parse::<u64>().map_err(|_| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_cursor",
-                format!("`{raw}` is not an event sequence number"),
-            )
-            .field("last_event_id")
-        })?,
+        Some(raw) => parse_cursor(raw)?,
     };
     let record = load_run(&state, &raw_id).await?;
     if record.status.is_terminal() {

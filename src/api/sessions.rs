@@ -34,14 +34,17 @@ async fn load_session(state: &AppState, raw: &str) -> Result<Session, ApiError> 
         .ok_or_else(|| session_not_found(raw))
 }
 
-/// Query of `GET /sessions`.
+/// Query of `GET /sessions`; an unknown parameter is 400 `invalid_query`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListSessionsQuery {
-    /// Page size, 1 to 200; default 50.
+    /// Page size, 1 to 200; default 50. A page may hold fewer when its records pass the
+    /// server's byte budget (`runtime.max_page_bytes`, default 1 MiB); `next_cursor` continues.
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<u32>,
-    /// `next_cursor` of the previous page.
+    /// `next_cursor` of the previous page, unchanged (today the last session id of that page).
+    #[param(value_type = Option<String>, format = Uuid)]
     cursor: Option<String>,
 }
 
@@ -59,7 +62,7 @@ pub struct ListSessionsResponse {
     params(ListSessionsQuery),
     responses(
         (status = 200, description = "A page of sessions", body = ListSessionsResponse),
-        (status = 400, description = "`invalid_cursor`, `invalid_query`", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_cursor` (not a cursor this server returned); `invalid_query` (`limit` out of 1–200, an unknown parameter)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn list_sessions(
     State(state): State<AppState>,
@@ -71,7 +74,8 @@ pub async fn list_sessions(
         .store()
         .list_sessions(page.before, page.fetch())
         .await?;
-    let next_cursor = page.finish(&mut sessions, |session| session.id.to_string());
+    let max_bytes = state.runtime.config().max_page_bytes;
+    let next_cursor = page.finish(&mut sessions, max_bytes, |session| session.id.to_string());
     Ok(axum::Json(ListSessionsResponse {
         sessions,
         next_cursor,

@@ -12,6 +12,7 @@ pub use error_class::ErrorClass;
 pub use ids::{MessageId, RunId, SessionId};
 pub use message::{ContentPart, Message, Reasoning, Role, ToolCall};
 pub use run::{
-    CreateRunRequest, CreateRunResponse, FinishReason, RunOutput, RunRecord, RunStatus, Session,
-    TokenUsage, ToolChoice, ToolChoiceMode,
+    CreateRunRequest, CreateRunResponse, DEFAULT_MAX_ITERATIONS_CAP, FinishReason,
+    METADATA_MAX_BYTES, RequestProblem, RunOutput, RunRecord, RunStatus, Session, TokenUsage,
+    ToolChoice, ToolChoiceMode, ToolChoiceTool,
 };

@@ -152,8 +152,9 @@ impl std::ops::AddAssign for TokenUsage {
 }
 
 /// How the model may use tools (proto `CreateRunRequest.tool_choice`): `"auto"`, `"none"`,
-/// `"required"`, or `{"name": "<tool>"}` to force one tool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// `"required"`, or `{"name": "<tool>"}` to force one tool. In the OpenAPI document the object
+/// form is the named component `ToolChoiceTool`, so generated clients get a named type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ToolChoice {
     /// `auto` (the model decides), `none` (no tool calls) or `required` (at least one).
@@ -163,6 +164,44 @@ pub enum ToolChoice {
         /// The tool's name.
         name: String,
     },
+}
+
+/// The object form of `ToolChoice`, named so generated clients get a type for it:
+/// `{"name": "<tool>"}` forces a call of that tool. (In Rust the value is `ToolChoice::Tool`;
+/// this struct exists for the schema.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolChoiceTool {
+    /// The tool's name, one of the run's tools.
+    #[schema(min_length = 1)]
+    pub name: String,
+}
+
+impl utoipa::PartialSchema for ToolChoice {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::{OneOfBuilder, Ref, RefOr};
+        OneOfBuilder::new()
+            .description(Some(
+                "How the model may use tools: `\"auto\"`, `\"none\"`, `\"required\"`, or \
+                 `{\"name\": \"<tool>\"}` to force one tool.",
+            ))
+            .item(RefOr::Ref(Ref::from_schema_name("ToolChoiceMode")))
+            .item(RefOr::Ref(Ref::from_schema_name("ToolChoiceTool")))
+            .into()
+    }
+}
+
+impl ToSchema for ToolChoice {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema;
+        schemas.push(("ToolChoiceMode".to_owned(), ToolChoiceMode::schema()));
+        schemas.push(("ToolChoiceTool".to_owned(), ToolChoiceTool::schema()));
+    }
 }
 
 impl Default for ToolChoice {
@@ -243,7 +282,21 @@ pub struct RunOutput {
     pub error: Option<String>,
 }
 
-/// Body of `POST /runs` and `POST /runs/stream` (proto `CreateRunRequest`).
+/// Most bytes `metadata` may take, serialized as compact JSON (16 KiB); more is 422
+/// `invalid_field` naming `metadata`.
+pub const METADATA_MAX_BYTES: usize = 16 * 1024;
+
+/// Default of the server's `runtime.max_iterations_cap`: the `maximum` of `max_iterations` in
+/// the OpenAPI document (a server configured otherwise enforces its own cap).
+pub const DEFAULT_MAX_ITERATIONS_CAP: u32 = 100;
+
+/// Body of `POST /runs` and `POST /runs/stream` (proto `CreateRunRequest`): a JSON object.
+///
+/// Enforced (and stated in the OpenAPI document): `provider`, `model` and `input` are required
+/// non-empty strings (`input` must contain a non-whitespace character); `max_iterations` is
+/// 1 to the server's cap; `metadata` is an object of at most 16384 bytes serialized; no string
+/// may contain U+0000. An absent required field is 422 `missing_field`, a present but bad one
+/// 422 `invalid_field`, both naming the field.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRunRequest {
@@ -252,15 +305,20 @@ pub struct CreateRunRequest {
     #[schema(value_type = Option<String>, format = Uuid)]
     pub session_id: Option<String>,
     /// Provider id (required), a key of the config's `[providers]`.
-    #[serde(default)]
-    pub provider: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = true, min_length = 1)]
+    pub provider: Option<String>,
     /// Model name (required), one of the provider's configured models.
-    #[serde(default)]
-    pub model: String,
-    /// The user's input (required); stored once as one user message.
-    #[serde(default)]
-    pub input: String,
-    /// Any JSON object; stored with the run and returned unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = true, min_length = 1)]
+    pub model: Option<String>,
+    /// The user's input (required, with at least one non-whitespace character); stored once as
+    /// one user message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = true, min_length = 1, pattern = r"\S")]
+    pub input: Option<String>,
+    /// Any JSON object of at most 16384 bytes serialized (compact JSON); stored with the run
+    /// and returned unchanged.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<serde_json::Value>,
@@ -274,10 +332,151 @@ pub struct CreateRunRequest {
     /// Allow-list of tool names the run may call; absent: every configured tool.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
-    /// Model calls the run may make at most; default the server's `max_iterations`, at most its
-    /// `max_iterations_cap`.
+    /// Model calls the run may make at most: 1 to the server's `runtime.max_iterations_cap`
+    /// (default 100, the `maximum` stated here); default the server's `runtime.max_iterations`.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
     pub max_iterations: Option<u32>,
+}
+
+/// What is wrong with a [`CreateRunRequest`] on its own (before the server's configuration is
+/// consulted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestProblem {
+    /// A required field is absent.
+    Missing(&'static str),
+    /// A field is present with a bad value.
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What it must be.
+        reason: String,
+    },
+}
+
+impl CreateRunRequest {
+    /// Checks what the request must satisfy by itself: required fields present and non-empty,
+    /// `input` not blank, no U+0000 in any string (PostgreSQL cannot store it), `metadata` an
+    /// object of at most [`METADATA_MAX_BYTES`], `max_iterations` within `1..=cap`.
+    ///
+    /// # Errors
+    /// The first [`RequestProblem`] found, in field order.
+    pub fn check(&self, max_iterations_cap: u32) -> Result<(), RequestProblem> {
+        fn invalid(field: &'static str, reason: impl Into<String>) -> RequestProblem {
+            RequestProblem::Invalid {
+                field,
+                reason: reason.into(),
+            }
+        }
+        const NUL: &str = "must not contain the NUL character (U+0000)";
+        let required = [
+            ("provider", &self.provider),
+            ("model", &self.model),
+            ("input", &self.input),
+        ];
+        for (field, value) in required {
+            let Some(value) = value else {
+                return Err(RequestProblem::Missing(field));
+            };
+            if value.is_empty() {
+                return Err(invalid(field, "must not be empty"));
+            }
+            if value.contains('\0') {
+                return Err(invalid(field, NUL));
+            }
+        }
+        if self.input.as_deref().is_some_and(|s| s.trim().is_empty()) {
+            return Err(invalid("input", "must contain a non-whitespace character"));
+        }
+        let optional = [
+            ("session_id", self.session_id.as_deref()),
+            ("client_request_id", self.client_request_id.as_deref()),
+        ];
+        for (field, value) in optional {
+            if value.is_some_and(|s| s.contains('\0')) {
+                return Err(invalid(field, NUL));
+            }
+        }
+        if let Some(ToolChoice::Tool { name }) = &self.tool_choice
+            && name.contains('\0')
+        {
+            return Err(invalid("tool_choice", NUL));
+        }
+        if self.tools.iter().flatten().any(|name| name.contains('\0')) {
+            return Err(invalid("tools", NUL));
+        }
+        if let Some(metadata) = &self.metadata {
+            if !metadata.is_object() {
+                return Err(invalid("metadata", "must be a JSON object"));
+            }
+            if has_nul(metadata) {
+                return Err(invalid(
+                    "metadata",
+                    "keys and strings must not contain the NUL character (U+0000)",
+                ));
+            }
+            let size = serde_json::to_vec(metadata).map_or(usize::MAX, |bytes| bytes.len());
+            if size > METADATA_MAX_BYTES {
+                return Err(invalid(
+                    "metadata",
+                    format!(
+                        "is {size} bytes serialized; at most {METADATA_MAX_BYTES} are accepted"
+                    ),
+                ));
+            }
+        }
+        if let Some(max) = self.max_iterations
+            && !(1..=max_iterations_cap).contains(&max)
+        {
+            return Err(invalid(
+                "max_iterations",
+                format!("must be between 1 and {max_iterations_cap}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The body's fields, in order.
+    pub const FIELDS: [&'static str; 9] = [
+        "session_id",
+        "provider",
+        "model",
+        "input",
+        "metadata",
+        "tool_choice",
+        "client_request_id",
+        "tools",
+        "max_iterations",
+    ];
+
+    /// What a top-level field of the body must be, in words, for an error that replaces
+    /// serde's message (which would name Rust types).
+    #[must_use]
+    pub fn expectation(field: &str) -> Option<&'static str> {
+        Some(match field {
+            "session_id" => "must be a session id (a UUID string)",
+            "provider" | "model" | "input" | "client_request_id" => "must be a string",
+            "metadata" => "must be a JSON object",
+            "tool_choice" => {
+                "must be \"auto\", \"none\", \"required\" or an object {\"name\": \"<tool>\"}"
+            }
+            "tools" => "must be an array of tool names (strings)",
+            "max_iterations" => "must be a positive integer",
+            _ => return None,
+        })
+    }
+}
+
+/// Whether any key or string in `value` contains U+0000.
+fn has_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(has_nul),
+        serde_json::Value::Object(map) => map
+            .iter()
+            .any(|(key, value)| key.contains('\0') || has_nul(value)),
+        _ => false,
+    }
 }
 
 fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {

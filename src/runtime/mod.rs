@@ -20,7 +20,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
 use crate::domain::{
-    CreateRunRequest, ErrorClass, FinishReason, MessageId, RunId, RunRecord, RunStatus, SessionId,
+    CreateRunRequest, ErrorClass, FinishReason, MessageId, RequestProblem, RunId, RunRecord,
+    RunStatus, SessionId,
 };
 use crate::domain::{ToolChoice, ToolChoiceMode};
 use crate::events::{EventFeed, EventPayload, LoggedEvent, RunFailed};
@@ -30,6 +31,11 @@ use crate::tools::ToolRegistry;
 
 pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
+
+/// How long after a run was cancelled another cancel still gets the answer of the cancel that
+/// ended it (`202`, or `200` with `wait`) rather than `409 run_finished`: concurrent cancels
+/// cannot tell which of them arrived first.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 /// A configured provider: its adapter and its models.
 #[derive(Debug, Clone)]
@@ -187,7 +193,7 @@ impl Runtime {
     /// # Errors
     /// [`CreateRunError`] for a missing field, an unknown provider/model/tool/session, a busy
     /// session, a reused idempotency key, or the store.
-    #[tracing::instrument(skip_all, fields(provider = %request.provider, model = %request.model))]
+    #[tracing::instrument(skip_all, fields(provider = request.provider.as_deref(), model = request.model.as_deref()))]
     pub async fn create_run(
         self: &Arc<Self>,
         request: CreateRunRequest,
@@ -213,11 +219,11 @@ impl Runtime {
             id: run_id,
             session_id,
             create_session,
-            provider: request.provider,
-            model: request.model,
+            provider: request.provider.unwrap_or_default(),
+            model: request.model.unwrap_or_default(),
             tool_choice: request.tool_choice.unwrap_or_default(),
             metadata: request.metadata.unwrap_or_else(|| serde_json::json!({})),
-            input: request.input,
+            input: request.input.unwrap_or_default(),
             user_message_id: MessageId::new(),
             tools: request.tools,
             max_iterations: request.max_iterations.unwrap_or(self.config.max_iterations),
@@ -280,32 +286,14 @@ impl Runtime {
     }
 
     fn validate(&self, request: &CreateRunRequest) -> Result<ModelConfig, CreateRunError> {
-        if request.provider.is_empty() {
-            return Err(CreateRunError::MissingField("provider"));
-        }
-        if request.model.is_empty() {
-            return Err(CreateRunError::MissingField("model"));
-        }
-        if request.input.is_empty() {
-            return Err(CreateRunError::MissingField("input"));
-        }
-        if let Some(metadata) = &request.metadata
-            && !metadata.is_object()
-        {
-            return Err(CreateRunError::InvalidField {
-                field: "metadata",
-                reason: "must be a JSON object".to_owned(),
-            });
-        }
-        if let Some(max) = request.max_iterations {
-            let cap = self.config.max_iterations_cap;
-            if max == 0 || max > cap {
-                return Err(CreateRunError::InvalidField {
-                    field: "max_iterations",
-                    reason: format!("must be between 1 and {cap}"),
-                });
-            }
-        }
+        request
+            .check(self.config.max_iterations_cap)
+            .map_err(|problem| match problem {
+                RequestProblem::Missing(field) => CreateRunError::MissingField(field),
+                RequestProblem::Invalid { field, reason } => {
+                    CreateRunError::InvalidField { field, reason }
+                }
+            })?;
         for name in request.tools.iter().flatten() {
             if !self.tools.contains(name) {
                 return Err(CreateRunError::UnknownTool(name.clone()));
@@ -337,18 +325,20 @@ impl Runtime {
                 });
             }
         }
+        let provider = request.provider.as_deref().unwrap_or_default();
+        let model = request.model.as_deref().unwrap_or_default();
         let entry = self
             .providers
-            .get(&request.provider)
-            .ok_or_else(|| CreateRunError::UnknownProvider(request.provider.clone()))?;
+            .get(provider)
+            .ok_or_else(|| CreateRunError::UnknownProvider(provider.to_owned()))?;
         entry
             .config
             .models
-            .get(&request.model)
+            .get(model)
             .copied()
             .ok_or_else(|| CreateRunError::UnknownModel {
-                provider: request.provider.clone(),
-                model: request.model.clone(),
+                provider: provider.to_owned(),
+                model: model.to_owned(),
             })
     }
 
@@ -368,34 +358,59 @@ impl Runtime {
         });
     }
 
-    /// Requests cancellation. A finished run is left alone and reported as such; a run not
-    /// executing in this process is ended with `run_cancelled` directly.
+    /// Requests cancellation. A run that had finished before the request is left alone and
+    /// reported as such ([`CancelOutcome::AlreadyFinished`]); a run not executing in this
+    /// process is ended with `run_cancelled` directly.
+    ///
+    /// Cancel is the same whoever asks: a run that another cancel ended while this one was on
+    /// its way (cancelled at most [`CANCEL_GRACE`] before this call, or after it began) is
+    /// [`CancelOutcome::Cancelling`] too, so concurrent cancels all get the same answer.
     ///
     /// # Errors
     /// The store's, or `Ok(None)` when the run does not exist.
     pub async fn cancel_run(&self, run_id: RunId) -> Result<Option<CancelOutcome>, StoreError> {
+        let asked_at = Utc::now();
         let Some(record) = self.store.get_run(run_id).await? else {
             return Ok(None);
         };
         if record.status.is_terminal() {
-            return Ok(Some(CancelOutcome::AlreadyFinished(record)));
+            return Ok(Some(Self::finished_outcome(record, asked_at)));
         }
         let token = self.active().get(&run_id).map(|run| run.cancel.clone());
         match token {
             Some(token) => token.cancel(),
             None => {
-                // Orphaned: no task of this process owns it.
-                self.end_orphan(
-                    &record,
-                    EventPayload::RunCancelled(Default::default()),
-                    RunStatus::Cancelled,
-                    None,
-                )
-                .await?;
+                // Orphaned: no task of this process owns it. Two cancels may race to end it;
+                // the loser's write fails on the taken sequence, and the run is then terminal.
+                let ended = self
+                    .end_orphan(
+                        &record,
+                        EventPayload::RunCancelled(Default::default()),
+                        RunStatus::Cancelled,
+                        None,
+                    )
+                    .await;
+                if let Err(error) = ended {
+                    let now = self.store.get_run(run_id).await?;
+                    if !now.is_some_and(|run| run.status.is_terminal()) {
+                        return Err(error);
+                    }
+                }
             }
         }
         let now = self.store.get_run(run_id).await?.unwrap_or(record);
         Ok(Some(CancelOutcome::Cancelling(now)))
+    }
+
+    /// A cancel's outcome for a run found terminal: cancelled just now (by a concurrent
+    /// cancel) counts as cancelling; anything older or ended otherwise is already finished.
+    fn finished_outcome(record: RunRecord, asked_at: chrono::DateTime<Utc>) -> CancelOutcome {
+        let grace = chrono::Duration::from_std(CANCEL_GRACE).unwrap_or_default();
+        if record.status == RunStatus::Cancelled && record.updated_at + grace >= asked_at {
+            CancelOutcome::Cancelling(record)
+        } else {
+            CancelOutcome::AlreadyFinished(record)
+        }
     }
 
     /// Ends every run left non-terminal by a previous process with `run_failed` (error class

@@ -62,6 +62,18 @@ fn count(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
+/// A string for a TEXT column: U+0000, which PostgreSQL cannot store in TEXT, becomes U+FFFD
+/// (on both backends, so they agree). Client values with NUL are rejected before this (422);
+/// this catches what comes from outside: provider error text, model-chosen tool call ids and
+/// names. JSON columns need nothing: serde_json writes U+0000 as the escape `\u0000`.
+pub(super) fn text(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.contains('\0') {
+        std::borrow::Cow::Owned(value.replace('\0', "\u{fffd}"))
+    } else {
+        std::borrow::Cow::Borrowed(value)
+    }
+}
+
 pub(super) fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
@@ -231,13 +243,13 @@ macro_rules! impl_store {
                 ))
                 .bind(run.id.0)
                 .bind(run.session_id.0)
-                .bind(&run.provider)
-                .bind(&run.model)
+                .bind($crate::store::sql::text(&run.provider))
+                .bind($crate::store::sql::text(&run.model))
                 .bind(to_json(&run.tool_choice)?)
                 .bind(to_json(&run.metadata)?)
                 .bind(tools)
                 .bind(i64::from(run.max_iterations))
-                .bind(run.client_request_id.as_deref())
+                .bind(run.client_request_id.as_deref().map($crate::store::sql::text))
                 .bind(run.request_hash.as_deref())
                 .bind(run.created_at)
                 .fetch_one(&mut *tx)
@@ -361,7 +373,7 @@ macro_rules! impl_store {
                     .bind(write.run_id.0)
                     .bind(outcome.status.as_str())
                     .bind(outcome.finish_reason.map(|r| r.as_str()))
-                    .bind(outcome.error.as_deref())
+                    .bind(outcome.error.as_deref().map($crate::store::sql::text))
                     .bind(chrono::Utc::now())
                     .execute(&mut *tx)
                     .await?;
@@ -523,8 +535,8 @@ macro_rules! impl_explain_conflict {
                 .bind(message.role.as_str())
                 .bind(to_json(&message.content)?)
                 .bind(to_json(&message.tool_calls)?)
-                .bind(message.tool_call_id.as_deref())
-                .bind(message.tool_name.as_deref())
+                .bind(message.tool_call_id.as_deref().map($crate::store::sql::text))
+                .bind(message.tool_name.as_deref().map($crate::store::sql::text))
                 .bind(message.created_at)
                 .bind(to_json(&message.reasoning)?)
                 .execute(connection)

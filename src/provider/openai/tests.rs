@@ -824,7 +824,7 @@ fn tool_choice_modes_and_images_map() {
 #[test]
 fn adapter_keeps_the_base_url_without_trailing_slash() -> TestResult {
     let config = crate::config::Config::from_toml(
-        "[providers.p]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1/\"\n[providers.p.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+        "[providers.p]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1/\"\n[providers.p.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
     )?;
     let provider = config.providers.get("p").ok_or("no provider")?;
     let adapter = OpenAi::new("p", provider)?;
