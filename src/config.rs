@@ -27,6 +27,9 @@ pub struct Config {
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// HTTP tools by tool name (`[http_tools.<name>]`).
     pub http_tools: BTreeMap<String, HttpToolConfig>,
+    /// Built-in tools to offer, by name (`builtin_tools = ["current_time"]`); see
+    /// `tools::builtin`. Default none (the no-config demo adds `current_time`).
+    pub builtin_tools: Vec<String>,
 }
 
 impl Default for Config {
@@ -38,6 +41,7 @@ impl Default for Config {
             providers: BTreeMap::new(),
             mcp_servers: BTreeMap::new(),
             http_tools: BTreeMap::new(),
+            builtin_tools: Vec::new(),
         }
     }
 }
@@ -164,6 +168,9 @@ pub enum ProviderKind {
     Openai,
     /// Anthropic Messages API (`base_url` e.g. `https://api.anthropic.com/v1`).
     Anthropic,
+    /// behest's built-in model: no network, a deterministic paced reply (see
+    /// `provider::scripted`); no `base_url`.
+    Scripted,
 }
 
 /// `[providers.<id>]`.
@@ -172,7 +179,8 @@ pub enum ProviderKind {
 pub struct ProviderConfig {
     /// Wire format.
     pub kind: ProviderKind,
-    /// API base URL, e.g. `https://api.openai.com/v1`.
+    /// API base URL, e.g. `https://api.openai.com/v1` (none for `kind = "scripted"`).
+    #[serde(default)]
     pub base_url: String,
     /// Name of the environment variable holding the API key; none for servers without auth.
     #[serde(default)]
@@ -185,6 +193,13 @@ pub struct ProviderConfig {
     pub retry: RetryConfig,
     /// Models runs may use, by name.
     pub models: BTreeMap<String, ModelConfig>,
+    /// `kind = "scripted"` only: pause before each streamed token, in ms; default 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_delay_ms: Option<u64>,
+    /// `kind = "scripted"` only: a JSON or TOML file of turns to replay instead of the
+    /// built-in replies (format in `provider::scripted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<std::path::PathBuf>,
     /// The API key, read from `api_key_env` at load time; never serialized or printed.
     #[serde(skip)]
     pub api_key: Option<Secret>,
@@ -322,7 +337,9 @@ impl Config {
         let env = Env::prefixed("BEHEST_")
             .split("__")
             // BEHEST_CONFIG names the file itself; BEHEST_TEST_* belong to the test suite.
-            .filter(|key| key != "config" && !key.as_str().starts_with("test_"));
+            .filter(|key| {
+                key != "config" && !key.as_str().to_ascii_lowercase().starts_with("test_")
+            });
         let config: Config = figment
             .merge(env)
             .merge(Serialized::defaults(overrides))
@@ -391,7 +408,8 @@ impl Config {
             return Err(ConfigError::Check((*message).to_owned()));
         }
         for (id, provider) in &mut self.providers {
-            if !provider.base_url.starts_with("http://")
+            if provider.kind != ProviderKind::Scripted
+                && !provider.base_url.starts_with("http://")
                 && !provider.base_url.starts_with("https://")
             {
                 return Err(ConfigError::Check(format!(

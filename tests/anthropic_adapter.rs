@@ -40,6 +40,8 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
                 max_output_tokens: 8192,
             },
         )]),
+        token_delay_ms: None,
+        script: None,
         api_key: Some(Secret(SecretString::from(API_KEY))),
     }
 }

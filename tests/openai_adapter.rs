@@ -41,6 +41,8 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
                 max_output_tokens: 16_384,
             },
         )]),
+        token_delay_ms: None,
+        script: None,
         api_key: Some(Secret(SecretString::from(API_KEY))),
     }
 }

@@ -40,6 +40,8 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
                 max_output_tokens: 1_000,
             },
         )]),
+        token_delay_ms: None,
+        script: None,
         api_key: Some(Secret(SecretString::from("sk-test-retry"))),
     }
 }
