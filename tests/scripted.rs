@@ -107,7 +107,12 @@ async fn a_script_replays_text_tool_calls_and_errors(backend: Backend) {
     let failed = frames.last().unwrap().json();
     assert_eq!(failed["type"], "run_failed");
     assert_eq!(failed["error_class"], "overloaded");
-    assert!(failed["error"].as_str().unwrap().contains("scripted overload"));
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap()
+            .contains("scripted overload")
+    );
     assert!(!frames.iter().any(|f| f.event == "text_delta"));
 
     let (_, frames) = run(&server, "and again", Some(&session)).await;
@@ -147,8 +152,10 @@ async fn built_in_replies_call_tools_count_and_can_be_cancelled(backend: Backend
 
     // 20 ms a token: 300 numbers take 6 s; cancel after the first ones.
     let created = server
-        .create_run(json!({"provider": "s", "model": "m", "input": "count to 300",
-                           "session_id": session}))
+        .create_run(
+            json!({"provider": "s", "model": "m", "input": "count to 300",
+                           "session_id": session}),
+        )
         .await;
     let run_id = created["run_id"].as_str().unwrap();
     let started = Instant::now();
