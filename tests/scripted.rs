@@ -205,3 +205,11 @@ fn a_bad_script_stops_startup_with_its_name() {
         "{error}"
     );
 }
+
+#[test]
+fn the_shipped_script_example_loads() {
+    let config = Config::from_toml(include_str!("../examples/scripted.toml")).expect("config");
+    let provider = &config.providers["script"];
+    assert!(behest::provider::build("script", provider).is_ok());
+    assert_eq!(config.builtin_tools, vec!["current_time".to_owned()]);
+}
