@@ -416,6 +416,13 @@ impl Config {
                     "providers.{id}.base_url must start with http:// or https://"
                 )));
             }
+            if provider.kind != ProviderKind::Scripted
+                && (provider.token_delay_ms.is_some() || provider.script.is_some())
+            {
+                return Err(ConfigError::Check(format!(
+                    "providers.{id}: token_delay_ms and script are for kind = \"scripted\" only"
+                )));
+            }
             let timeouts = provider.timeouts;
             if [
                 timeouts.connect_ms,
@@ -503,6 +510,10 @@ mod tests {
             ("[runtime]\nmax_iterations = 200\n", "max_iterations_cap"),
             ("[runtime]\nkeep_alive_ms = 0\n", "keep_alive_ms"),
             ("[runtime]\nmax_batch_events = 0\n", "max_batch_events"),
+            (
+                "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\ntoken_delay_ms = 5\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
+                "scripted",
+            ),
             (
                 "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.timeouts]\ntotal_ms = 0\n[providers.x.models.m]\ncontext_window = 1\nmax_output_tokens = 1\n",
                 "providers.x.timeouts",

@@ -329,3 +329,33 @@ async fn console_works_in_a_real_browser() {
     );
     server.child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn migrate_says_what_it_applied_then_up_to_date() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    let mut logs = Vec::new();
+    for _ in 0..2 {
+        let output = Command::new(env!("CARGO_BIN_EXE_behest"))
+            .args(["migrate", "--database-url", &url])
+            .env_remove("BEHEST_CONFIG")
+            .env("RUST_LOG", "info")
+            .output()
+            .await
+            .unwrap();
+        assert!(output.status.success());
+        logs.push(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    assert!(
+        logs[0].contains("applied migration version=1 description=init"),
+        "{}",
+        logs[0]
+    );
+    assert!(!logs[0].contains('\u{1b}'), "plain text in a pipe");
+    assert!(
+        logs[1].contains("database schema up to date"),
+        "{}",
+        logs[1]
+    );
+    assert!(!logs[1].contains("applied migration"), "{}", logs[1]);
+}
