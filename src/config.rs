@@ -27,6 +27,9 @@ pub struct Config {
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// HTTP tools by tool name (`[http_tools.<name>]`).
     pub http_tools: BTreeMap<String, HttpToolConfig>,
+    /// Built-in tools to offer, by name (`builtin_tools = ["current_time"]`); see
+    /// `tools::builtin`. Default none (the no-config demo adds `current_time`).
+    pub builtin_tools: Vec<String>,
 }
 
 impl Default for Config {
@@ -38,6 +41,7 @@ impl Default for Config {
             providers: BTreeMap::new(),
             mcp_servers: BTreeMap::new(),
             http_tools: BTreeMap::new(),
+            builtin_tools: Vec::new(),
         }
     }
 }
@@ -174,6 +178,9 @@ pub enum ProviderKind {
     Openai,
     /// Anthropic Messages API (`base_url` e.g. `https://api.anthropic.com/v1`).
     Anthropic,
+    /// behest's built-in model: no network, a deterministic paced reply (see
+    /// `provider::scripted`); no `base_url`.
+    Scripted,
 }
 
 /// `[providers.<id>]`.
@@ -182,7 +189,8 @@ pub enum ProviderKind {
 pub struct ProviderConfig {
     /// Wire format.
     pub kind: ProviderKind,
-    /// API base URL, e.g. `https://api.openai.com/v1`.
+    /// API base URL, e.g. `https://api.openai.com/v1` (none for `kind = "scripted"`).
+    #[serde(default)]
     pub base_url: String,
     /// Name of the environment variable holding the API key; none for servers without auth.
     #[serde(default)]
@@ -218,6 +226,13 @@ pub struct ProviderConfig {
     /// model's `max_output_tokens` (checked at startup); absent: thinking off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking_budget_tokens: Option<u32>,
+    /// `kind = "scripted"` only: pause before each streamed token, in ms; default 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_delay_ms: Option<u64>,
+    /// `kind = "scripted"` only: a JSON or TOML file of turns to replay instead of the
+    /// built-in replies (format in `provider::scripted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<std::path::PathBuf>,
     /// The API key, read from `api_key_env` at load time; never serialized or printed.
     #[serde(skip)]
     pub api_key: Option<Secret>,
@@ -420,7 +435,9 @@ impl Config {
         let env = Env::prefixed("BEHEST_")
             .split("__")
             // BEHEST_CONFIG names the file itself; BEHEST_TEST_* belong to the test suite.
-            .filter(|key| key != "config" && !key.as_str().starts_with("test_"));
+            .filter(|key| {
+                key != "config" && !key.as_str().to_ascii_lowercase().starts_with("test_")
+            });
         let config: Config = figment
             .merge(env)
             .merge(Serialized::defaults(overrides))
@@ -493,11 +510,19 @@ impl Config {
             return Err(ConfigError::Check((*message).to_owned()));
         }
         for (id, provider) in &mut self.providers {
-            if !provider.base_url.starts_with("http://")
+            if provider.kind != ProviderKind::Scripted
+                && !provider.base_url.starts_with("http://")
                 && !provider.base_url.starts_with("https://")
             {
                 return Err(ConfigError::Check(format!(
                     "providers.{id}.base_url must start with http:// or https://"
+                )));
+            }
+            if provider.kind != ProviderKind::Scripted
+                && (provider.token_delay_ms.is_some() || provider.script.is_some())
+            {
+                return Err(ConfigError::Check(format!(
+                    "providers.{id}: token_delay_ms and script are for kind = \"scripted\" only"
                 )));
             }
             let timeouts = provider.timeouts;
@@ -564,6 +589,23 @@ fn provider_options_check(id: &str, provider: &ProviderConfig) -> Result<(), Con
             }
         }
         ProviderKind::Anthropic => {
+            if provider.max_tokens_field.is_some() {
+                return wrong_kind("max_tokens_field", "openai");
+            }
+            if provider.reasoning_effort.is_some() {
+                return wrong_kind("reasoning_effort", "openai");
+            }
+            if provider.reasoning_replay != ReasoningReplay::None {
+                return wrong_kind("reasoning_replay", "openai");
+            }
+            if provider.assistant_tool_call_content != AssistantToolCallContent::Null {
+                return wrong_kind("assistant_tool_call_content", "openai");
+            }
+        }
+        ProviderKind::Scripted => {
+            if provider.thinking_budget_tokens.is_some() {
+                return wrong_kind("thinking_budget_tokens", "anthropic");
+            }
             if provider.max_tokens_field.is_some() {
                 return wrong_kind("max_tokens_field", "openai");
             }
@@ -699,6 +741,10 @@ mod tests {
             ("[runtime]\nmax_iterations = 200\n", "max_iterations_cap"),
             ("[runtime]\nkeep_alive_ms = 0\n", "keep_alive_ms"),
             ("[runtime]\nmax_batch_events = 0\n", "max_batch_events"),
+            (
+                "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\ntoken_delay_ms = 5\n[providers.x.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
+                "scripted",
+            ),
             (
                 "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.timeouts]\ntotal_ms = 0\n[providers.x.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
                 "providers.x.timeouts",

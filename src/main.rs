@@ -76,8 +76,11 @@ fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
     let json = std::env::var("RUST_LOG_FORMAT").is_ok_and(|f| f == "json");
+    // Colours only on a terminal: a log file or pipe gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();
@@ -97,11 +100,21 @@ async fn main() -> ExitCode {
             config,
         } => {
             let overrides = Overrides { bind, database_url };
-            let config = match load(config.as_deref(), &overrides) {
+            let mut loaded = match load(config.as_deref(), &overrides) {
                 Ok(config) => config,
                 Err(code) => return code,
             };
             init_tracing();
+            // No configuration at all: offer the built-in model so the first run works.
+            if config.is_none() && loaded.providers.is_empty() {
+                loaded = behest::provider::scripted::with_demo(loaded);
+                tracing::info!(
+                    "no configuration: offering the built-in demo model (provider `demo`, \
+                     model `demo`) and the built-in tool `current_time`; --config FILE \
+                     declares real providers"
+                );
+            }
+            let config = loaded;
             match behest::server::serve(config).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
@@ -123,6 +136,8 @@ async fn main() -> ExitCode {
                 Ok(config) => config,
                 Err(code) => return code,
             };
+            init_tracing();
+            // The store logs each migration it applies, or that the schema is up to date.
             match behest::store::connect(&config.database_url).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(error) => {

@@ -70,7 +70,12 @@ pub fn runtime(
 /// [`ServeError`] when the store, a provider or the listener fails.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     let store = store::connect(&config.database_url).await?;
-    let tools = Arc::new(ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?);
+    let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
+    if let Err(error) = registry.add_builtins(&config.builtin_tools) {
+        registry.shutdown().await;
+        return Err(error.into());
+    }
+    let tools = Arc::new(registry);
     let runtime = runtime(&config, store, tools.clone())?;
     runtime.recover().await?;
     let listener = TcpListener::bind(&config.bind).await.map_err(|error| {

@@ -46,6 +46,8 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
         thinking_budget_tokens: None,
+        token_delay_ms: None,
+        script: None,
         api_key: Some(Secret(SecretString::from(API_KEY))),
     }
 }

@@ -46,6 +46,8 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
         thinking_budget_tokens: None,
+        token_delay_ms: None,
+        script: None,
         api_key: Some(Secret(SecretString::from("sk-test-retry"))),
     }
 }

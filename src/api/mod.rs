@@ -4,6 +4,7 @@
 mod error;
 mod extract;
 mod page;
+mod providers;
 mod runs;
 mod sessions;
 mod system;
@@ -71,6 +72,7 @@ impl std::ops::Deref for AppState {
         (name = "runs", description = "RunService: create, list, read, cancel and watch runs."),
         (name = "sessions", description = "Sessions and their message history."),
         (name = "tools", description = "The tools runs may call."),
+        (name = "providers", description = "The model providers runs may use."),
         (name = "system", description = "Health and the API description.")
     )
 )]
@@ -88,6 +90,7 @@ fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(sessions::get_session, sessions::delete_session))
         .routes(routes!(sessions::list_session_messages))
         .routes(routes!(tools::list_tools))
+        .routes(routes!(providers::list_providers))
         .routes(routes!(system::get_health))
         .routes(routes!(system::get_readiness))
 }
@@ -167,6 +170,12 @@ pub fn app(state: AppState) -> Router {
                 let spec = spec.clone();
                 async move { axum::Json(spec) }
             }),
+        )
+        .route("/", axum::routing::get(providers::console_index))
+        .route("/console/app.js", axum::routing::get(providers::console_js))
+        .route(
+            "/console/style.css",
+            axum::routing::get(providers::console_css),
         )
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)

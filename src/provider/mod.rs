@@ -6,6 +6,7 @@ mod calls;
 mod http;
 pub mod openai;
 pub mod retry;
+pub mod scripted;
 mod sse;
 #[cfg(test)]
 mod testing;
@@ -119,11 +120,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
 /// `retry.max_attempts` is above 1.
 ///
 /// # Errors
-/// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
+/// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built (or a
+/// scripted provider's script cannot be read).
 pub fn build(id: &str, config: &ProviderConfig) -> Result<Arc<dyn Provider>, ProviderError> {
     let adapter: Arc<dyn Provider> = match config.kind {
         ProviderKind::Openai => Arc::new(openai::OpenAi::new(id, config)?),
         ProviderKind::Anthropic => Arc::new(anthropic::Anthropic::new(id, config)?),
+        ProviderKind::Scripted => Arc::new(scripted::Scripted::new(id, config)?),
     };
     if config.retry.max_attempts > 1 {
         Ok(Arc::new(retry::Retrying::new(id, adapter, config.retry)))

@@ -20,6 +20,38 @@ use crate::events::LoggedEvent;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
+/// Applies the `migrator`'s pending migrations on `conn` and logs each one applied (`applied
+/// migration`, with its version and description), or `database schema up to date`.
+async fn migrate<C: sqlx::migrate::Migrate>(
+    migrator: &sqlx::migrate::Migrator,
+    conn: &mut C,
+) -> Result<(), sqlx::migrate::MigrateError> {
+    conn.lock().await?;
+    let before = match conn.ensure_migrations_table().await {
+        Ok(()) => conn.list_applied_migrations().await,
+        Err(error) => Err(error),
+    };
+    conn.unlock().await?;
+    let before: std::collections::HashSet<i64> =
+        before?.iter().map(|applied| applied.version).collect();
+    migrator.run_direct(conn).await?;
+    let mut applied = 0;
+    for migration in migrator.iter() {
+        if !migration.migration_type.is_down_migration() && !before.contains(&migration.version) {
+            applied += 1;
+            tracing::info!(
+                version = migration.version,
+                description = %migration.description,
+                "applied migration"
+            );
+        }
+    }
+    if applied == 0 {
+        tracing::info!(migrations = before.len(), "database schema up to date");
+    }
+    Ok(())
+}
+
 /// Why a store call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -25,7 +25,11 @@ impl PostgresStore {
             .max_connections(16)
             .connect_with(options)
             .await?;
-        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        super::migrate(
+            &sqlx::migrate!("./migrations/postgres"),
+            &mut *pool.acquire().await?,
+        )
+        .await?;
         Ok(Self { pool })
     }
 

@@ -33,7 +33,11 @@ impl SqliteStore {
             .max_connections(8)
             .connect_with(options)
             .await?;
-        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        super::migrate(
+            &sqlx::migrate!("./migrations/sqlite"),
+            &mut *pool.acquire().await?,
+        )
+        .await?;
         Ok(Self { pool })
     }
 

@@ -1,6 +1,7 @@
 //! Tools runs may call: MCP servers (stdio and streamable HTTP) and HTTP tools, behind one
 //! registry that lists them, validates arguments against their JSON Schema, and calls them.
 
+pub mod builtin;
 mod http;
 mod mcp;
 
@@ -30,6 +31,8 @@ pub enum ToolSource {
         /// The URL its arguments are POSTed to.
         url: String,
     },
+    /// A tool built into the server (`builtin_tools = [...]`).
+    Builtin,
 }
 
 impl fmt::Display for ToolSource {
@@ -38,6 +41,7 @@ impl fmt::Display for ToolSource {
         match self {
             Self::Mcp { server, transport } => write!(f, "MCP server `{server}` ({transport})"),
             Self::Http { url } => write!(f, "HTTP tool at {url}"),
+            Self::Builtin => f.write_str("the built-in tools"),
         }
     }
 }
@@ -121,6 +125,7 @@ impl fmt::Debug for RegisteredTool {
 enum Backend {
     Mcp(Arc<mcp::McpServer>),
     Http(http::HttpTool),
+    Builtin(builtin::Builtin),
 }
 
 impl ToolRegistry {
@@ -249,6 +254,18 @@ impl ToolRegistry {
         Ok(())
     }
 
+    /// Adds the built-in tools named in `names` (see [`builtin::NAMES`]).
+    ///
+    /// # Errors
+    /// [`ToolSetupError::Invalid`] for an unknown name or a name another source already offers.
+    pub fn add_builtins(&mut self, names: &[String]) -> Result<(), ToolSetupError> {
+        for name in names {
+            let (tool, info) = builtin::Builtin::named(name)?;
+            self.register(info, Backend::Builtin(tool))?;
+        }
+        Ok(())
+    }
+
     /// Every tool, sorted by name.
     #[must_use]
     pub fn list(&self) -> Vec<ToolInfo> {
@@ -331,6 +348,7 @@ impl ToolRegistry {
                 server.call(name, arguments.clone()).await
             }
             Backend::Http(http) => http.call(arguments).await,
+            Backend::Builtin(tool) => tool.call(arguments),
         }
     }
 

@@ -76,9 +76,13 @@ impl TestServer {
         config: Config,
         db: Option<TestDb>,
     ) -> Self {
-        let tools = behest::tools::ToolRegistry::connect(&config.mcp_servers, &config.http_tools)
-            .await
-            .expect("tools");
+        let mut tools =
+            behest::tools::ToolRegistry::connect(&config.mcp_servers, &config.http_tools)
+                .await
+                .expect("tools");
+        tools
+            .add_builtins(&config.builtin_tools)
+            .expect("built-in tools");
         let runtime = behest::server::runtime(&config, store, Arc::new(tools)).expect("runtime");
         let shutdown = CancellationToken::new();
         let router = app(AppState::new(runtime.clone(), shutdown.clone()));

@@ -1,0 +1,420 @@
+// behest web console: plain JavaScript, no build step. Talks to the same HTTP API as any
+// client: GET /providers, /sessions, /runs; POST /runs and /runs/{id}/cancel; and watches a
+// run with EventSource on /runs/{id}/events (which reconnects by itself with Last-Event-ID;
+// events are applied once each, by sequence).
+'use strict';
+
+const $ = (id) => document.getElementById(id);
+
+const EVENT_TYPES = [
+  'run_started', 'context_built', 'model_started', 'model_retrying', 'text_delta',
+  'reasoning_delta', 'tool_call_started', 'tool_call_delta', 'tool_call_completed',
+  'tool_execution_started', 'tool_execution_finished', 'assistant_message_committed',
+  'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
+  'run_cancelled', 'doom_loop_detected', 'compaction_started', 'compaction_completed',
+  'compaction_failed', 'compaction_circuit_opened',
+];
+const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
+
+let providers = [];
+let view = null; // the run being shown: {runId, lastSeq, bubble, tools, es, done}
+
+function apiKey() {
+  return localStorage.getItem('behest.apiKey') || '';
+}
+
+async function api(path, options = {}) {
+  const headers = Object.assign({}, options.headers || {});
+  if (apiKey()) headers.Authorization = 'Bearer ' + apiKey();
+  if (options.body !== undefined) headers['content-type'] = 'application/json';
+  const response = await fetch(path, Object.assign({}, options, { headers }));
+  if (response.status === 204) return null;
+  let body = null;
+  try { body = await response.json(); } catch (_) { body = null; }
+  if (!response.ok) {
+    const detail = body && (body.detail || body.title);
+    const error = new Error(detail || ('HTTP ' + response.status));
+    error.problem = body;
+    throw error;
+  }
+  return body;
+}
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function setState(text, kind) {
+  const node = $('state');
+  node.textContent = text;
+  node.className = 'state ' + (kind || '');
+  node.dataset.state = kind || text;
+}
+
+function short(id) {
+  return id ? id.slice(-8) : '';
+}
+
+function when(iso) {
+  try { return new Date(iso).toLocaleString(); } catch (_) { return iso; }
+}
+
+function json(value) {
+  return typeof value === 'string' ? value : JSON.stringify(value);
+}
+
+// ---- providers and models
+
+async function loadProviders() {
+  const list = await api('/providers');
+  providers = list.providers;
+  const select = $('provider');
+  select.replaceChildren();
+  for (const provider of providers) {
+    const option = el('option', null, provider.id + ' (' + provider.kind + ')');
+    option.value = provider.id;
+    select.append(option);
+  }
+  if (!providers.length) {
+    $('model-info').textContent = 'No provider is configured on this server.';
+  }
+  fillModels();
+}
+
+function fillModels() {
+  const provider = providers.find((p) => p.id === $('provider').value);
+  const select = $('model');
+  select.replaceChildren();
+  for (const model of provider ? provider.models : []) {
+    const option = el('option', null, model.name);
+    option.value = model.name;
+    select.append(option);
+  }
+  showModelInfo();
+}
+
+function showModelInfo() {
+  const provider = providers.find((p) => p.id === $('provider').value);
+  const model = provider && provider.models.find((m) => m.name === $('model').value);
+  $('model-info').textContent = model
+    ? 'Context window ' + model.context_window.toLocaleString() + ' tokens, up to '
+      + model.max_output_tokens.toLocaleString() + ' output tokens.'
+    : '';
+}
+
+// ---- recent runs and sessions
+
+async function loadLists() {
+  try {
+    const [runs, sessions] = await Promise.all([
+      api('/runs?limit=15'), api('/sessions?limit=15'),
+    ]);
+    const runList = $('runs');
+    runList.replaceChildren();
+    for (const run of runs.runs) {
+      const button = el('button', null,
+        run.status + ' · ' + run.provider + '/' + run.model + ' · ' + when(run.created_at));
+      button.type = 'button';
+      button.dataset.runId = run.id;
+      button.setAttribute('aria-label', 'Open run ' + short(run.id) + ', ' + run.status);
+      button.addEventListener('click', () => openRun(run));
+      const item = el('li');
+      item.append(button);
+      runList.append(item);
+    }
+    const sessionList = $('sessions');
+    sessionList.replaceChildren();
+    const select = $('session');
+    const chosen = select.value;
+    select.replaceChildren(Object.assign(el('option', null, 'New session'), { value: '' }));
+    for (const session of sessions.sessions) {
+      const button = el('button', null, 'Session …' + short(session.id) + ' · ' + when(session.updated_at));
+      button.type = 'button';
+      button.dataset.sessionId = session.id;
+      button.addEventListener('click', () => openSession(session.id));
+      const item = el('li');
+      item.append(button);
+      sessionList.append(item);
+      const option = el('option', null, '…' + short(session.id) + ' (' + when(session.updated_at) + ')');
+      option.value = session.id;
+      select.append(option);
+    }
+    select.value = chosen;
+    if (select.value !== chosen) select.value = '';
+  } catch (error) {
+    note($('transcript'), 'error', 'Could not list runs and sessions: ' + error.message);
+  }
+}
+
+function chooseSession(id) {
+  const select = $('session');
+  if (![...select.options].some((o) => o.value === id)) {
+    const option = el('option', null, '…' + short(id));
+    option.value = id;
+    select.append(option);
+  }
+  select.value = id;
+}
+
+// ---- transcript
+
+function note(parent, kind, text) {
+  const node = el('div', 'note ' + kind, text);
+  parent.append(node);
+  return node;
+}
+
+function userMessage(parent, text) {
+  const node = el('div', 'msg user');
+  node.append(el('span', 'who', 'You'), el('span', 'text', text));
+  parent.append(node);
+}
+
+function assistantBubble(parent) {
+  const node = el('div', 'msg assistant');
+  const text = el('span', 'text');
+  node.append(el('span', 'who', 'Assistant'), text);
+  parent.append(node);
+  return text;
+}
+
+function toolCard(parent, name) {
+  const card = el('div', 'tool');
+  card.append(el('strong', null, 'Tool call: ' + name));
+  const args = el('pre', 'args');
+  const result = el('pre', 'result');
+  card.append(args, result);
+  parent.append(card);
+  return { card, args, result };
+}
+
+async function openSession(sessionId) {
+  closeView();
+  chooseSession(sessionId);
+  const transcript = $('transcript');
+  transcript.replaceChildren();
+  try {
+    const messages = await api('/sessions/' + sessionId + '/messages');
+    const cards = new Map();
+    for (const message of messages.messages || []) {
+      const text = (message.content || []).map((part) =>
+        part.type === 'text' ? part.text : part.type === 'json' ? json(part.value) : '').join('');
+      if (message.role === 'user') userMessage(transcript, text);
+      else if (message.role === 'assistant') {
+        if (text) assistantBubble(transcript).textContent = text;
+        for (const call of message.tool_calls || []) {
+          const card = toolCard(transcript, call.name);
+          card.args.textContent = call.invalid_arguments || json(call.arguments);
+          cards.set(call.id, card);
+        }
+      } else if (message.role === 'tool') {
+        const card = cards.get(message.tool_call_id) || toolCard(transcript, message.tool_name || 'tool');
+        card.result.textContent = '→ ' + text;
+      }
+    }
+    setState('session …' + short(sessionId), 'idle');
+  } catch (error) {
+    note(transcript, 'error', 'Could not open the session: ' + error.message);
+  }
+}
+
+async function openRun(run) {
+  closeView();
+  chooseSession(run.session_id);
+  const transcript = $('transcript');
+  transcript.replaceChildren();
+  note(transcript, 'muted', 'Run …' + short(run.id) + ' (' + run.provider + '/' + run.model + ')');
+  try {
+    const messages = await api('/sessions/' + run.session_id + '/messages');
+    const input = (messages.messages || []).find((m) => m.run_id === run.id && m.role === 'user');
+    if (input) userMessage(transcript, input.content.map((p) => p.text || '').join(''));
+  } catch (_) { /* the events still replay */ }
+  watch(run.id, transcript);
+}
+
+// ---- a run, live
+
+function closeView() {
+  if (view && view.es) view.es.close();
+  view = null;
+  $('cancel').disabled = true;
+}
+
+function watch(runId, transcript) {
+  const current = { runId, lastSeq: 0, bubble: null, tools: new Map(), es: null, done: false };
+  view = current;
+  transcript.dataset.runId = runId;
+  let url = '/runs/' + runId + '/events';
+  if (apiKey()) url += '?access_token=' + encodeURIComponent(apiKey());
+  const es = new EventSource(url);
+  current.es = es;
+  const handle = (frame) => {
+    if (view !== current) return;
+    let event;
+    try { event = JSON.parse(frame.data); } catch (_) { return; }
+    // A reconnect resumes after the last id the browser saw; never apply an event twice.
+    if (event.sequence <= current.lastSeq) return;
+    current.lastSeq = event.sequence;
+    transcript.dataset.lastSequence = String(event.sequence);
+    apply(current, transcript, event);
+  };
+  for (const type of EVENT_TYPES) es.addEventListener(type, handle);
+  es.onopen = () => {
+    if (!current.done && view === current) setState('running', 'running');
+  };
+  es.onerror = () => {
+    if (current.done || view !== current) return;
+    if (es.readyState === EventSource.CLOSED) {
+      setState('stream closed', 'failed');
+      $('cancel').disabled = true;
+    } else {
+      setState('reconnecting…', 'running');
+    }
+  };
+  $('cancel').disabled = false;
+  setState('running', 'running');
+}
+
+function apply(current, transcript, event) {
+  switch (event.type) {
+    case 'model_started':
+      current.bubble = null;
+      break;
+    case 'text_delta':
+      if (!current.bubble) current.bubble = assistantBubble(transcript);
+      current.bubble.textContent += event.delta;
+      break;
+    case 'reasoning_delta':
+      break;
+    case 'model_retrying':
+      note(transcript, 'muted', 'Retrying the model call (' + (event.error_class || '') + ')…');
+      break;
+    case 'tool_call_started':
+      current.bubble = null;
+      current.tools.set(event.call_id, toolCard(transcript, event.tool_name));
+      break;
+    case 'tool_call_delta': {
+      const card = current.tools.get(event.call_id);
+      if (card) card.args.textContent += event.delta;
+      break;
+    }
+    case 'tool_call_completed': {
+      const call = event.call;
+      const card = current.tools.get(call.id) || toolCard(transcript, call.name);
+      current.tools.set(call.id, card);
+      card.args.textContent = call.invalid_arguments || json(call.arguments);
+      break;
+    }
+    case 'tool_execution_finished': {
+      const card = current.tools.get(event.call_id) || toolCard(transcript, event.tool_name);
+      const result = event.result || {};
+      card.result.textContent = result.Success
+        ? '→ ' + json(result.Success.output) + ' (' + event.duration_ms + ' ms)'
+        : '→ failed: ' + ((result.Failure && result.Failure.error) || 'unknown error');
+      break;
+    }
+    case 'usage_recorded': {
+      const u = event.usage;
+      note(transcript, 'usage', 'Usage: ' + u.input_tokens + ' in, ' + u.output_tokens
+        + ' out, ' + u.total_tokens + ' total tokens' + (u.estimated ? ' (estimated)' : ''));
+      break;
+    }
+    case 'doom_loop_detected':
+      note(transcript, 'doom', 'Doom loop detected: ' + event.description);
+      break;
+    case 'compaction_started':
+    case 'compaction_completed':
+    case 'compaction_failed':
+    case 'compaction_circuit_opened':
+      note(transcript, 'muted', event.type.replace(/_/g, ' '));
+      break;
+    case 'run_failed':
+      note(transcript, 'error', 'Run failed' + (event.error_class ? ' (' + event.error_class + ')' : '')
+        + ': ' + event.error);
+      break;
+    default:
+      break;
+  }
+  if (TERMINAL.has(event.type)) {
+    current.done = true;
+    current.es.close();
+    $('cancel').disabled = true;
+    const status = event.type.replace('run_', '');
+    const detail = event.type === 'run_completed'
+      ? ' (' + event.finish_reason + ', ' + event.iterations + ' model call' + (event.iterations === 1 ? '' : 's') + ')'
+      : '';
+    note(transcript, 'terminal', 'Run ' + status + detail);
+    setState(status, status);
+    loadLists();
+  }
+}
+
+async function send(submitEvent) {
+  submitEvent.preventDefault();
+  const input = $('input').value.trim();
+  if (!input) return;
+  const sessionId = $('session').value;
+  const transcript = $('transcript');
+  if (!sessionId) transcript.replaceChildren();
+  closeView();
+  const body = { provider: $('provider').value, model: $('model').value, input };
+  if (sessionId) body.session_id = sessionId;
+  $('send').disabled = true;
+  try {
+    const created = await api('/runs', { method: 'POST', body: JSON.stringify(body) });
+    userMessage(transcript, input);
+    $('input').value = '';
+    chooseSession(created.session_id);
+    watch(created.run_id, transcript);
+    loadLists();
+  } catch (error) {
+    note(transcript, 'error', 'Could not start the run: ' + error.message);
+    setState('error', 'failed');
+  } finally {
+    $('send').disabled = false;
+  }
+}
+
+async function cancel() {
+  if (!view || view.done) return;
+  const current = view;
+  $('cancel').disabled = true;
+  setState('cancelling…', 'running');
+  try {
+    await api('/runs/' + current.runId + '/cancel', { method: 'POST' });
+  } catch (error) {
+    note($('transcript'), 'error', 'Could not cancel: ' + error.message);
+  }
+}
+
+function init() {
+  $('run-form').addEventListener('submit', send);
+  $('cancel').addEventListener('click', cancel);
+  $('provider').addEventListener('change', fillModels);
+  $('model').addEventListener('change', showModelInfo);
+  $('input').addEventListener('keydown', (event) => {
+    if (event.key === 'Enter' && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      $('run-form').requestSubmit();
+    }
+  });
+  $('session').addEventListener('change', () => {
+    const id = $('session').value;
+    if (id) openSession(id);
+    else { closeView(); $('transcript').replaceChildren(); setState('idle', 'idle'); }
+  });
+  const key = $('api-key');
+  key.value = apiKey();
+  key.addEventListener('change', () => {
+    localStorage.setItem('behest.apiKey', key.value.trim());
+    loadProviders().then(loadLists).catch(() => {});
+  });
+  loadProviders()
+    .catch((error) => note($('transcript'), 'error', 'Could not list providers: ' + error.message))
+    .then(loadLists);
+}
+
+init();
