@@ -1303,3 +1303,28 @@ fn reasoning_replay_follows_the_option() {
         ]
     );
 }
+
+#[test]
+fn reasoning_sent_in_both_fields_is_taken_once() {
+    // vLLM versions that send the same text as `reasoning_content` and `reasoning`.
+    let body = [
+        chunk(
+            json!({"reasoning_content": "think", "reasoning": "think"}),
+            None,
+        ),
+        chunk(json!({"reasoning": "ing"}), None),
+        chunk(json!({"content": "ok"}), Some("stop")),
+        done(),
+    ]
+    .concat();
+    assert_eq!(
+        parse(&body),
+        vec![
+            reasoning("think"),
+            reasoning("ing"),
+            text("ok"),
+            reasoning_completed("thinking"),
+            finished(FinishReason::Stop),
+        ]
+    );
+}
