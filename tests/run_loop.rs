@@ -254,6 +254,10 @@ async fn cancel_ends_a_streaming_run(backend: Backend) {
     let record: Value = response.json().await.unwrap();
     assert_eq!(record["status"], "cancelled");
     assert_eq!(record["iterations"], 1, "the interrupted model call counts");
+    // The record and the output agree on the finish reason.
+    assert_eq!(record["finish_reason"], "unknown");
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    assert_eq!(output["finish_reason"], "unknown");
     // The provider connection was closed.
     let deadline = Instant::now() + Duration::from_secs(1);
     while fake.abandoned() == 0 {
@@ -314,6 +318,7 @@ async fn restart_fails_runs_left_active(backend: Backend) {
     assert_eq!(server.runtime.recover().await.unwrap(), 1);
     let frames = server.events(&orphan.id.to_string(), None).await;
     assert_eq!(types(&frames), vec!["run_failed"]);
+    assert_eq!(frames[0].json()["error_class"], "interrupted");
     assert_eq!(
         server.get_json(&format!("/runs/{}", orphan.id)).await["status"],
         "failed"
@@ -524,7 +529,33 @@ async fn a_run_cancelled_before_its_model_call_never_calls_the_model(backend: Ba
     server.stop().await;
 }
 
+/// A finish reason the provider sent that behest does not know completes the run with
+/// `unknown`, never a clean `stop`.
+async fn an_unknown_finish_reason_is_not_a_clean_stop(backend: Backend) {
+    use support::fake_openai::{DONE, chunk, usage_chunk};
+    let fake = FakeOpenAi::start().await;
+    let mut body = chunk(json!({"role": "assistant", "content": ""}), None);
+    body.push_str(&chunk(json!({"content": "Half an answ"}), None));
+    body.push_str(&chunk(json!({}), Some("interrupted_by_server")));
+    body.push_str(&usage_chunk(10, 3, 0));
+    body.push_str(DONE);
+    fake.push(Reply::sse(body.as_bytes()));
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    let run_id = server.start_run("hi", None).await;
+    let run = server.finished_run(&run_id).await;
+    assert_eq!(run["status"], "completed");
+    assert_eq!(run["finish_reason"], "unknown");
+    let frames = server.events(&run_id, None).await;
+    assert_eq!(frames.last().unwrap().json()["finish_reason"], "unknown");
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    assert_eq!(output["finish_reason"], "unknown");
+    server.stop().await;
+}
+
 on_both_backends!(
+    an_unknown_finish_reason_is_not_a_clean_stop,
     a_run_cancelled_before_its_model_call_never_calls_the_model,
     anthropic_run_end_to_end,
     anthropic_parallel_tool_use_results_go_back_in_one_message,

@@ -385,10 +385,62 @@ async fn cancelling_a_hung_tool_leaves_a_usable_session(backend: Backend) {
     server.stop().await;
 }
 
+async fn a_shutdown_finishes_running_tools_and_answers_their_calls(backend: Backend) {
+    let Some(Setup { fake, server, log }) = setup(backend, "").await else {
+        return;
+    };
+    fake.push(Reply::sse(&tool_calls_stream(&[(
+        "call_hang",
+        "sleep",
+        json!({"ms": 60_000}),
+    )])));
+    let run_id = server.start_run("hang", None).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(log.path())
+        .unwrap_or_default()
+        .contains("called sleep")
+    {
+        assert!(Instant::now() < deadline, "the sleep tool was called");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.runtime.shutdown(Duration::from_millis(100)).await;
+    let frames = server.events(&run_id, None).await;
+    let kinds = kinds(&frames);
+    let last = frames.last().unwrap();
+    assert_eq!(last.event, "run_failed", "{kinds:?}");
+    assert_eq!(last.json()["error_class"], "interrupted");
+    let finished = kinds
+        .iter()
+        .position(|k| k == "tool_execution_finished")
+        .expect("the running tool gets its tool_execution_finished");
+    let committed = kinds
+        .iter()
+        .position(|k| k == "tool_message_committed")
+        .unwrap();
+    assert!(finished < committed, "{kinds:?}");
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| *k == "tool_execution_finished")
+            .count(),
+        1
+    );
+    assert!(
+        by_call(&frames, "call_hang")["result"]["Failure"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("interrupted")
+    );
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["finish_reason"], "error");
+    server.stop().await;
+}
+
 on_both_backends!(
     a_multi_step_loop_through_mcp_and_http_tools,
     parallel_calls_are_committed_in_call_order,
     cancelling_a_hung_tool_leaves_a_usable_session,
+    a_shutdown_finishes_running_tools_and_answers_their_calls,
 );
 
 #[tokio::test]

@@ -136,7 +136,8 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// A runtime over a store and providers; starts the event log writer.
+    /// A runtime over a store and providers; starts the event log writer (and loads the
+    /// tokenizer in the background). Must be called within a Tokio runtime.
     #[must_use]
     pub fn new(
         store: Arc<dyn Store>,
@@ -146,6 +147,9 @@ impl Runtime {
     ) -> Arc<Self> {
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
         let log = EventLog::start(store.clone(), feed, config.max_batch_events);
+        // The tokenizer's tables load once (about 2 s in a debug build), off the async threads,
+        // before a usage estimate needs them.
+        tokio::task::spawn_blocking(|| tokens::count_text("warm up"));
         Arc::new(Self {
             store,
             log,
