@@ -525,7 +525,7 @@ mod tests {
     #[tokio::test]
     async fn reply_is_cut_at_max_output_tokens() -> Result<(), ProviderError> {
         let config = Config::from_toml(
-            "[providers.s]\nkind = \"scripted\"\ntoken_delay_ms = 0\n[providers.s.models.m]\ncontext_window = 10\nmax_output_tokens = 10\n",
+            "[providers.s]\nkind = \"scripted\"\ntoken_delay_ms = 0\n[providers.s.models.m]\ncontext_window = 100\nmax_output_tokens = 10\n",
         )
         .map_err(|e| ProviderError::new("s", ErrorClass::InvalidRequest, e.to_string()))?;
         let provider = Scripted::new("s", &config.providers["s"])?;
