@@ -523,8 +523,38 @@ async fn nul_characters_from_outside_are_stored(backend: Backend) {
     server.stop().await;
 }
 
+/// Sends `POST {path}` on `n` connections at once: each request is written but for its last
+/// byte, then the last bytes go out together, so all have arrived before any can be answered.
+/// Returns each answer's status and JSON body.
+async fn simultaneous_posts(server: &TestServer, path: &str, n: usize) -> Vec<(u16, Value)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r",
+        server.addr
+    );
+    let mut streams = Vec::new();
+    for _ in 0..n {
+        let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        streams.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for stream in &mut streams {
+        stream.write_all(b"\n").await.unwrap();
+    }
+    let mut answers = Vec::new();
+    for mut stream in streams {
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).await.unwrap();
+        let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
+        let body = raw.split_once("\r\n\r\n").unwrap().1;
+        answers.push((status, serde_json::from_str(body).unwrap_or(Value::Null)));
+    }
+    answers
+}
+
 /// Ten concurrent cancels of one active run all get `202`; with `wait=true`, all `200`. A
-/// cancel of a run that ended long before gets `409 run_finished`.
+/// cancel of a run that had ended before it arrived gets `409 run_finished`.
 async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     for _ in 0..2 {
@@ -534,22 +564,15 @@ async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
     let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
         return;
     };
+    let mut last = String::new();
     for wait in [false, true] {
         let run_id = server.start_run("hang", None).await;
         // Started: the model call is streaming.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let url = server.url(&format!("/runs/{run_id}/cancel?wait={wait}"));
-        let cancels: Vec<_> = (0..10)
-            .map(|_| {
-                let request = server.client.post(url.clone());
-                tokio::spawn(async move { request.send().await.unwrap() })
-            })
-            .collect();
-        for cancel in futures::future::join_all(cancels).await {
-            let response = cancel.unwrap();
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.unwrap();
+        let path = format!("/runs/{run_id}/cancel?wait={wait}");
+        for (status, body) in simultaneous_posts(&server, &path, 10).await {
             assert_eq!(status, if wait { 200 } else { 202 }, "wait={wait}: {body}");
+            assert_eq!(body["id"], run_id.as_str());
             if wait {
                 assert_eq!(body["status"], "cancelled");
             }
@@ -559,15 +582,11 @@ async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
         let events = server.events(&run_id, None).await;
         let terminal = events.iter().filter(|f| f.event == "run_cancelled").count();
         assert_eq!(terminal, 1);
+        last = run_id;
     }
-    let finished = server.get_json("/runs?limit=1").await["runs"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    tokio::time::sleep(behest::runtime::CANCEL_GRACE + Duration::from_millis(100)).await;
     let late = server
         .client
-        .post(server.url(&format!("/runs/{finished}/cancel")))
+        .post(server.url(&format!("/runs/{last}/cancel")))
         .send()
         .await
         .unwrap();
