@@ -61,8 +61,8 @@ fn rejects(status: u16, problem: &Value, field: &str) -> bool {
 }
 
 /// Strings to try against a `pattern`: the regex decides which the server must accept.
-const PATTERN_PROBES: [&str; 12] = [
-    "0", "5", "42", "x", " x ", " ", "\t\n", "+5", " 5", "5.0", "-1", "1e3",
+const PATTERN_PROBES: [&str; 13] = [
+    "", "0", "5", "42", "x", " x ", " ", "\t\n", "+5", " 5", "5.0", "-1", "1e3",
 ];
 
 /// Every constraint of `CreateRunRequest` in the document, at its boundaries.

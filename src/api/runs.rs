@@ -366,8 +366,9 @@ pub async fn cancel_run(
 #[into_params(parameter_in = Query)]
 pub struct WatchQuery {
     /// Resume after this sequence (proto `WatchRunEventsRequest.last_event_id`): decimal digits
-    /// only. A non-empty `Last-Event-ID` header takes precedence; an empty one is ignored.
-    #[param(pattern = "^[0-9]+$")]
+    /// only; empty means from the start. A non-empty `Last-Event-ID` header takes precedence;
+    /// an empty one is ignored.
+    #[param(pattern = "^[0-9]*$")]
     last_event_id: Option<String>,
 }
 
@@ -393,7 +394,7 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
 #[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",
     params(
         ("run_id" = String, Path, description = "Run id"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored", pattern = "^[0-9]+$"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored", pattern = "^[0-9]*$"),
         WatchQuery
     ),
     responses(
