@@ -380,7 +380,7 @@ async fn metadata_is_bounded_and_details_are_short(backend: Backend) {
 /// A list page stops once its records pass the byte budget; the cursor walks all of them.
 async fn list_pages_are_bounded_in_bytes(backend: Backend) {
     let fake = FakeOpenAi::start().await;
-    for _ in 0..5 {
+    for _ in 0..8 {
         fake.push(Reply::sse(&text_stream(&["ok"])));
     }
     let config = config_with(&fake.base_url(), "[runtime]\nmax_page_bytes = 2000\n");
@@ -417,6 +417,58 @@ async fn list_pages_are_bounded_in_bytes(backend: Backend) {
     created.reverse();
     assert_eq!(seen, created, "newest first, each once");
     assert!(pages >= 3, "{pages} pages");
+    // A session's history is bounded the same way, oldest first.
+    let long_input = "i".repeat(900);
+    let first = server.start_run(&long_input, None).await;
+    let session = server.finished_run(&first).await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for _ in 0..2 {
+        let run = server.start_run(&long_input, Some(&session)).await;
+        server.finished_run(&run).await;
+    }
+    let mut roles = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        let uri = match &cursor {
+            Some(c) => format!("/sessions/{session}/messages?cursor={c}"),
+            None => format!("/sessions/{session}/messages"),
+        };
+        let page = server.get_json(&uri).await;
+        let messages = page["messages"].as_array().unwrap();
+        // ~1.1 KB user messages, ~250 B answers: the message passing 2000 bytes ends the page.
+        assert!(!messages.is_empty());
+        let before_last: usize = messages[..messages.len() - 1]
+            .iter()
+            .map(|m| m.to_string().len())
+            .sum();
+        assert!(before_last <= 2000, "{before_last}");
+        roles.extend(
+            messages
+                .iter()
+                .map(|m| m["role"].as_str().unwrap().to_owned()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(
+        roles,
+        ["user", "assistant"].repeat(3),
+        "each message once, in order"
+    );
+    assert_eq!(pages, 2, "u a u | a u a");
+    let bad = server
+        .client
+        .get(server.url(&format!("/sessions/{session}/messages?cursor=nope")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
     server.stop().await;
 }
 
