@@ -203,6 +203,21 @@ async fn bad_cursors_and_queries_are_400() {
         .await;
     api.problem("GET", "/runs?status=running", None, 400, "invalid_query")
         .await;
+    // Readable, naming the parameter; never serde's words.
+    for (uri, field) in [
+        ("/runs?limit=abc", "limit"),
+        ("/runs?limit=-1", "limit"),
+        ("/runs?status=running", "status"),
+        ("/runs?colour=red", "colour"),
+        ("/sessions?limit=1.5", "limit"),
+    ] {
+        let problem = api.problem("GET", uri, None, 400, "invalid_query").await;
+        assert_eq!(problem["field"], field, "{uri}");
+        let detail = problem["detail"].as_str().unwrap();
+        for internal in ["invalid digit", "variant", "expected"] {
+            assert!(!detail.contains(internal), "{uri}: {detail}");
+        }
+    }
     api.problem("GET", "/runs?session_id=nope", None, 400, "invalid_query")
         .await;
     let (status, _, json) = api

@@ -61,8 +61,8 @@ fn rejects(status: u16, problem: &Value, field: &str) -> bool {
 }
 
 /// Strings to try against a `pattern`: the regex decides which the server must accept.
-const PATTERN_PROBES: [&str; 12] = [
-    "0", "5", "42", "x", " x ", " ", "\t\n", "+5", " 5", "5.0", "-1", "1e3",
+const PATTERN_PROBES: [&str; 13] = [
+    "", "0", "5", "42", "x", " x ", " ", "\t\n", "+5", " 5", "5.0", "-1", "1e3",
 ];
 
 /// Every constraint of `CreateRunRequest` in the document, at its boundaries.
@@ -380,7 +380,7 @@ async fn metadata_is_bounded_and_details_are_short(backend: Backend) {
 /// A list page stops once its records pass the byte budget; the cursor walks all of them.
 async fn list_pages_are_bounded_in_bytes(backend: Backend) {
     let fake = FakeOpenAi::start().await;
-    for _ in 0..5 {
+    for _ in 0..8 {
         fake.push(Reply::sse(&text_stream(&["ok"])));
     }
     let config = config_with(&fake.base_url(), "[runtime]\nmax_page_bytes = 2000\n");
@@ -417,6 +417,58 @@ async fn list_pages_are_bounded_in_bytes(backend: Backend) {
     created.reverse();
     assert_eq!(seen, created, "newest first, each once");
     assert!(pages >= 3, "{pages} pages");
+    // A session's history is bounded the same way, oldest first.
+    let long_input = "i".repeat(900);
+    let first = server.start_run(&long_input, None).await;
+    let session = server.finished_run(&first).await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for _ in 0..2 {
+        let run = server.start_run(&long_input, Some(&session)).await;
+        server.finished_run(&run).await;
+    }
+    let mut roles = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        let uri = match &cursor {
+            Some(c) => format!("/sessions/{session}/messages?cursor={c}"),
+            None => format!("/sessions/{session}/messages"),
+        };
+        let page = server.get_json(&uri).await;
+        let messages = page["messages"].as_array().unwrap();
+        // ~1.1 KB user messages, ~250 B answers: the message passing 2000 bytes ends the page.
+        assert!(!messages.is_empty());
+        let before_last: usize = messages[..messages.len() - 1]
+            .iter()
+            .map(|m| m.to_string().len())
+            .sum();
+        assert!(before_last <= 2000, "{before_last}");
+        roles.extend(
+            messages
+                .iter()
+                .map(|m| m["role"].as_str().unwrap().to_owned()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(
+        roles,
+        ["user", "assistant"].repeat(3),
+        "each message once, in order"
+    );
+    assert_eq!(pages, 2, "u a u | a u a");
+    let bad = server
+        .client
+        .get(server.url(&format!("/sessions/{session}/messages?cursor=nope")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
     server.stop().await;
 }
 
@@ -523,8 +575,38 @@ async fn nul_characters_from_outside_are_stored(backend: Backend) {
     server.stop().await;
 }
 
+/// Sends `POST {path}` on `n` connections at once: each request is written but for its last
+/// byte, then the last bytes go out together, so all have arrived before any can be answered.
+/// Returns each answer's status and JSON body.
+async fn simultaneous_posts(server: &TestServer, path: &str, n: usize) -> Vec<(u16, Value)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r",
+        server.addr
+    );
+    let mut streams = Vec::new();
+    for _ in 0..n {
+        let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        streams.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for stream in &mut streams {
+        stream.write_all(b"\n").await.unwrap();
+    }
+    let mut answers = Vec::new();
+    for mut stream in streams {
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).await.unwrap();
+        let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
+        let body = raw.split_once("\r\n\r\n").unwrap().1;
+        answers.push((status, serde_json::from_str(body).unwrap_or(Value::Null)));
+    }
+    answers
+}
+
 /// Ten concurrent cancels of one active run all get `202`; with `wait=true`, all `200`. A
-/// cancel of a run that ended long before gets `409 run_finished`.
+/// cancel of a run that had ended before it arrived gets `409 run_finished`.
 async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     for _ in 0..2 {
@@ -534,22 +616,15 @@ async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
     let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
         return;
     };
+    let mut last = String::new();
     for wait in [false, true] {
         let run_id = server.start_run("hang", None).await;
         // Started: the model call is streaming.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let url = server.url(&format!("/runs/{run_id}/cancel?wait={wait}"));
-        let cancels: Vec<_> = (0..10)
-            .map(|_| {
-                let request = server.client.post(url.clone());
-                tokio::spawn(async move { request.send().await.unwrap() })
-            })
-            .collect();
-        for cancel in futures::future::join_all(cancels).await {
-            let response = cancel.unwrap();
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.unwrap();
+        let path = format!("/runs/{run_id}/cancel?wait={wait}");
+        for (status, body) in simultaneous_posts(&server, &path, 10).await {
             assert_eq!(status, if wait { 200 } else { 202 }, "wait={wait}: {body}");
+            assert_eq!(body["id"], run_id.as_str());
             if wait {
                 assert_eq!(body["status"], "cancelled");
             }
@@ -559,15 +634,11 @@ async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
         let events = server.events(&run_id, None).await;
         let terminal = events.iter().filter(|f| f.event == "run_cancelled").count();
         assert_eq!(terminal, 1);
+        last = run_id;
     }
-    let finished = server.get_json("/runs?limit=1").await["runs"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    tokio::time::sleep(behest::runtime::CANCEL_GRACE + Duration::from_millis(100)).await;
     let late = server
         .client
-        .post(server.url(&format!("/runs/{finished}/cancel")))
+        .post(server.url(&format!("/runs/{last}/cancel")))
         .send()
         .await
         .unwrap();

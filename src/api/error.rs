@@ -156,12 +156,48 @@ impl From<JsonRejection> for ApiError {
 
 impl From<QueryRejection> for ApiError {
     fn from(rejection: QueryRejection) -> Self {
-        let detail = match &rejection {
-            QueryRejection::FailedToDeserializeQueryString(e) => source_text(e),
-            other => other.body_text(),
+        let QueryRejection::FailedToDeserializeQueryString(e) = &rejection else {
+            return Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                rejection.body_text(),
+            );
         };
-        Self::new(StatusCode::BAD_REQUEST, "invalid_query", detail)
+        // axum reports the offending parameter first: "limit: invalid digit found in string".
+        let located = std::error::Error::source(e)
+            .map(ToString::to_string)
+            .unwrap_or_else(|| source_text(e));
+        query_mismatch(&located)
     }
+}
+
+/// 400 `invalid_query` in words for serde's message about a query string, naming the parameter.
+fn query_mismatch(located: &str) -> ApiError {
+    let invalid = |detail: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", detail);
+    if let Some(at) = located.find("unknown field `") {
+        let name = located[at..].split('`').nth(1).unwrap_or_default();
+        return invalid(format!(
+            "unknown query parameter `{name}`; this route refuses parameters it does not know"
+        ))
+        .field(name);
+    }
+    let Some((name, _)) = located
+        .split_once(": ")
+        .filter(|(name, _)| !name.is_empty() && !name.contains(' '))
+    else {
+        return invalid("the query string is not valid for this route".to_owned());
+    };
+    let detail = match name {
+        "limit" => "`limit` must be an integer from 1 to 200".to_owned(),
+        "status" => format!(
+            "`status` must be one of {}",
+            RunStatus::ALL.map(RunStatus::as_str).join(", ")
+        ),
+        "wait" => "`wait` must be `true` or `false`".to_owned(),
+        "session_id" => "`session_id` must be a UUID".to_owned(),
+        other => format!("`{other}` has an invalid value"),
+    };
+    invalid(detail).field(name)
 }
 
 impl From<PathRejection> for ApiError {

@@ -301,8 +301,9 @@ pub struct CancelQuery {
 
 /// Cancel a run (proto `RunService.CancelRun`): stops the model call and the loop and ends the
 /// run with one `run_cancelled`. Every cancel of an active run gets `202` (`200` with
-/// `wait=true` once the run is terminal), also when a concurrent cancel ended the run first
-/// (up to 2 s before). A run that had finished before is left alone (409 with its status).
+/// `wait=true` once the run is terminal), also when a concurrent cancel ended the run while
+/// this request was being handled. A run that had finished before the request arrived is left
+/// alone (409 with its status).
 #[utoipa::path(post, path = "/runs/{run_id}/cancel", tag = "runs",
     params(("run_id" = String, Path, description = "Run id"), CancelQuery),
     responses(
@@ -317,10 +318,12 @@ pub async fn cancel_run(
     Path(raw_id): Path<String>,
     Query(query): Query<CancelQuery>,
 ) -> Result<Response, ApiError> {
+    // When the request arrived: a run another cancel ends after this is not "already ended".
+    let asked_at = chrono::Utc::now();
     let run_id = parse_run_id(&raw_id)?;
     let outcome = state
         .runtime
-        .cancel_run(run_id)
+        .cancel_run(run_id, asked_at)
         .await?
         .ok_or_else(|| ApiError::run_not_found(&raw_id))?;
     let record = match outcome {
@@ -363,8 +366,9 @@ pub async fn cancel_run(
 #[into_params(parameter_in = Query)]
 pub struct WatchQuery {
     /// Resume after this sequence (proto `WatchRunEventsRequest.last_event_id`): decimal digits
-    /// only. A non-empty `Last-Event-ID` header takes precedence; an empty one is ignored.
-    #[param(pattern = "^[0-9]+$")]
+    /// only; empty means from the start. A non-empty `Last-Event-ID` header takes precedence;
+    /// an empty one is ignored.
+    #[param(pattern = "^[0-9]*$")]
     last_event_id: Option<String>,
 }
 
@@ -390,7 +394,7 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
 #[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",
     params(
         ("run_id" = String, Path, description = "Run id"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored", pattern = "^[0-9]+$"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored", pattern = "^[0-9]*$"),
         WatchQuery
     ),
     responses(

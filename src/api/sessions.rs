@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::extract::Query;
 use super::page::Page;
 use super::{ApiError, AppState, Problem};
-use crate::domain::{Message, Session, SessionId};
+use crate::domain::{Message, MessageId, Session, SessionId};
 use crate::store::StoreError;
 
 fn parse_session_id(raw: &str) -> Result<SessionId, ApiError> {
@@ -99,24 +99,66 @@ pub async fn get_session(
 /// The session's messages, oldest first.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct SessionMessages {
-    /// Every message: user inputs, assistant replies (with tool calls), tool results.
+    /// Every message: user inputs, assistant replies (with tool calls), tool results; fewer
+    /// when they pass the server's byte budget (`runtime.max_page_bytes`).
     pub messages: Vec<Message>,
+    /// Pass as `cursor` for the rest; absent when `messages` ends the history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
-/// A session's message history: roles, content parts, tool calls and tool results.
+/// Query of `GET /sessions/{session_id}/messages`; an unknown parameter is 400 `invalid_query`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct MessagesQuery {
+    /// `next_cursor` of the previous answer, unchanged (today the id of its last message).
+    #[param(value_type = Option<String>, format = Uuid)]
+    cursor: Option<String>,
+}
+
+/// A session's message history: roles, content parts, tool calls and tool results. The answer
+/// stops once its messages pass the server's byte budget (`runtime.max_page_bytes`, default
+/// 1 MiB; the message that passes it is included); `next_cursor` continues.
 #[utoipa::path(get, path = "/sessions/{session_id}/messages", tag = "sessions",
-    params(("session_id" = String, Path, description = "Session id")),
+    params(("session_id" = String, Path, description = "Session id"), MessagesQuery),
     responses(
         (status = 200, description = "The messages, oldest first", body = SessionMessages),
+        (status = 400, description = "`invalid_cursor` (not a cursor this server returned); `invalid_query` (an unknown parameter)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn list_session_messages(
     State(state): State<AppState>,
     Path(session_id): Path<String>,
+    Query(query): Query<MessagesQuery>,
 ) -> Result<axum::Json<SessionMessages>, ApiError> {
     let session = load_session(&state, &session_id).await?;
-    let messages = state.runtime.store().session_messages(session.id).await?;
-    Ok(axum::Json(SessionMessages { messages }))
+    let mut messages = state.runtime.store().session_messages(session.id).await?;
+    if let Some(cursor) = query.cursor.as_deref() {
+        let position = cursor
+            .parse::<MessageId>()
+            .ok()
+            .and_then(|id| messages.iter().position(|m| m.id == id))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_cursor",
+                    "the cursor is not one this server returned for this session",
+                )
+                .field("cursor")
+            })?;
+        messages.drain(..=position);
+    }
+    let page = Page::<MessageId> {
+        limit: u32::try_from(messages.len()).unwrap_or(u32::MAX),
+        before: None,
+    };
+    let max_bytes = state.runtime.config().max_page_bytes;
+    let next_cursor = page.finish(&mut messages, max_bytes, |m| m.id.to_string());
+    Ok(axum::Json(SessionMessages {
+        messages,
+        next_cursor,
+    }))
 }
 
 /// Delete a session with its runs, messages and events.

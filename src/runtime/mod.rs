@@ -32,11 +32,6 @@ use crate::tools::ToolRegistry;
 pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
 
-/// How long after a run was cancelled another cancel still gets the answer of the cancel that
-/// ended it (`202`, or `200` with `wait`) rather than `409 run_finished`: concurrent cancels
-/// cannot tell which of them arrived first.
-pub const CANCEL_GRACE: Duration = Duration::from_secs(2);
-
 /// A configured provider: its adapter and its models.
 #[derive(Debug, Clone)]
 pub struct ProviderEntry {
@@ -366,14 +361,17 @@ impl Runtime {
     /// reported as such ([`CancelOutcome::AlreadyFinished`]); a run not executing in this
     /// process is ended with `run_cancelled` directly.
     ///
-    /// Cancel is the same whoever asks: a run that another cancel ended while this one was on
-    /// its way (cancelled at most [`CANCEL_GRACE`] before this call, or after it began) is
-    /// [`CancelOutcome::Cancelling`] too, so concurrent cancels all get the same answer.
+    /// Cancel is the same whoever asks: a run that was cancelled at or after `asked_at` (when
+    /// the request arrived), by a concurrent cancel, is [`CancelOutcome::Cancelling`] too, so
+    /// concurrent cancels all get the same answer.
     ///
     /// # Errors
     /// The store's, or `Ok(None)` when the run does not exist.
-    pub async fn cancel_run(&self, run_id: RunId) -> Result<Option<CancelOutcome>, StoreError> {
-        let asked_at = Utc::now();
+    pub async fn cancel_run(
+        &self,
+        run_id: RunId,
+        asked_at: chrono::DateTime<Utc>,
+    ) -> Result<Option<CancelOutcome>, StoreError> {
         let Some(record) = self.store.get_run(run_id).await? else {
             return Ok(None);
         };
@@ -406,11 +404,11 @@ impl Runtime {
         Ok(Some(CancelOutcome::Cancelling(now)))
     }
 
-    /// A cancel's outcome for a run found terminal: cancelled just now (by a concurrent
-    /// cancel) counts as cancelling; anything older or ended otherwise is already finished.
+    /// A cancel's outcome for a run found terminal: cancelled after the request arrived (by a
+    /// concurrent cancel) counts as cancelling; ended before, or ended otherwise, is already
+    /// finished.
     fn finished_outcome(record: RunRecord, asked_at: chrono::DateTime<Utc>) -> CancelOutcome {
-        let grace = chrono::Duration::from_std(CANCEL_GRACE).unwrap_or_default();
-        if record.status == RunStatus::Cancelled && record.updated_at + grace >= asked_at {
+        if record.status == RunStatus::Cancelled && record.updated_at >= asked_at {
             CancelOutcome::Cancelling(record)
         } else {
             CancelOutcome::AlreadyFinished(record)
