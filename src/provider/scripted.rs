@@ -381,7 +381,16 @@ fn requested_calls(request: &ModelRequest, input: &str) -> Vec<ScriptedCall> {
     let mut calls = Vec::new();
     let mut rest = input;
     while let Some(at) = rest.find("call ") {
+        // A word of its own: "recall x" is no request.
+        let word_start = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !c.is_alphanumeric());
         let after = &rest[at + "call ".len()..];
+        if !word_start {
+            rest = after;
+            continue;
+        }
         let name_len = after
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
             .unwrap_or(after.len());
@@ -492,7 +501,7 @@ mod tests {
     fn explicit_calls_parse_arguments_and_bad_json() {
         let calls = requested_calls(
             &request("", &["add", "echo"]),
-            "please call add {\"a\": 1, \"b\": 2} then call echo {oops and call nothing {}",
+            "please call add {\"a\": 1, \"b\": 2} then call echo {oops and call nothing {} recall add",
         );
         assert_eq!(calls.len(), 2, "{calls:?}");
         assert_eq!(calls[0].name, "add");

@@ -50,6 +50,7 @@ try {
 
   // The run is listed; opening it replays it from the event log.
   await page.locator('#runs button').first().click();
+  await page.waitForSelector('#transcript .note.terminal');
   await page.waitForSelector('#state[data-state="completed"]');
   const replayed = await text(page, '#transcript .msg.assistant .text');
   check(JSON.stringify(replayed) === JSON.stringify(answers), 'replay shows the same answer: ' + replayed);

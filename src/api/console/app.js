@@ -193,6 +193,7 @@ function toolCard(parent, name) {
 
 async function openSession(sessionId) {
   closeView();
+  setState('loading…', 'loading');
   chooseSession(sessionId);
   const transcript = $('transcript');
   transcript.replaceChildren();
@@ -223,6 +224,7 @@ async function openSession(sessionId) {
 
 async function openRun(run) {
   closeView();
+  setState('loading…', 'loading');
   chooseSession(run.session_id);
   const transcript = $('transcript');
   transcript.replaceChildren();
