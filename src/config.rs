@@ -577,48 +577,46 @@ impl Config {
 /// The wire-specific provider options: each only for its `kind`, and a thinking budget of at
 /// least 1024 tokens (Anthropic's minimum) below every model's `max_output_tokens`.
 fn provider_options_check(id: &str, provider: &ProviderConfig) -> Result<(), ConfigError> {
-    let wrong_kind = |key: &str, kind: &str| {
-        Err(ConfigError::Check(format!(
+    // (option set?, key, the kind it belongs to)
+    let options = [
+        (
+            provider.thinking_budget_tokens.is_some(),
+            "thinking_budget_tokens",
+            ProviderKind::Anthropic,
+        ),
+        (
+            provider.max_tokens_field.is_some(),
+            "max_tokens_field",
+            ProviderKind::Openai,
+        ),
+        (
+            provider.reasoning_effort.is_some(),
+            "reasoning_effort",
+            ProviderKind::Openai,
+        ),
+        (
+            provider.reasoning_replay != ReasoningReplay::None,
+            "reasoning_replay",
+            ProviderKind::Openai,
+        ),
+        (
+            provider.assistant_tool_call_content != AssistantToolCallContent::Null,
+            "assistant_tool_call_content",
+            ProviderKind::Openai,
+        ),
+    ];
+    if let Some((_, key, kind)) = options
+        .iter()
+        .find(|(set, _, kind)| *set && *kind != provider.kind)
+    {
+        let kind = match kind {
+            ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Scripted => "scripted",
+        };
+        return Err(ConfigError::Check(format!(
             "providers.{id}.{key} applies only to kind = \"{kind}\""
-        )))
-    };
-    match provider.kind {
-        ProviderKind::Openai => {
-            if provider.thinking_budget_tokens.is_some() {
-                return wrong_kind("thinking_budget_tokens", "anthropic");
-            }
-        }
-        ProviderKind::Anthropic => {
-            if provider.max_tokens_field.is_some() {
-                return wrong_kind("max_tokens_field", "openai");
-            }
-            if provider.reasoning_effort.is_some() {
-                return wrong_kind("reasoning_effort", "openai");
-            }
-            if provider.reasoning_replay != ReasoningReplay::None {
-                return wrong_kind("reasoning_replay", "openai");
-            }
-            if provider.assistant_tool_call_content != AssistantToolCallContent::Null {
-                return wrong_kind("assistant_tool_call_content", "openai");
-            }
-        }
-        ProviderKind::Scripted => {
-            if provider.thinking_budget_tokens.is_some() {
-                return wrong_kind("thinking_budget_tokens", "anthropic");
-            }
-            if provider.max_tokens_field.is_some() {
-                return wrong_kind("max_tokens_field", "openai");
-            }
-            if provider.reasoning_effort.is_some() {
-                return wrong_kind("reasoning_effort", "openai");
-            }
-            if provider.reasoning_replay != ReasoningReplay::None {
-                return wrong_kind("reasoning_replay", "openai");
-            }
-            if provider.assistant_tool_call_content != AssistantToolCallContent::Null {
-                return wrong_kind("assistant_tool_call_content", "openai");
-            }
-        }
+        )));
     }
     if let Some(budget) = provider.thinking_budget_tokens {
         if budget < 1024 {
