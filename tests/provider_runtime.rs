@@ -268,6 +268,66 @@ async fn anthropic_thinking_is_streamed_stored_and_replayed_first(backend: Backe
     server.stop().await;
 }
 
+/// Thinking on and a forced first call: the forced call goes without thinking (the API does
+/// not allow both), and so does the rest of that tool-use loop (one thinking configuration per
+/// assistant turn: with thinking on, the API rejects a final assistant turn that does not start
+/// with a thinking block); the session's next run thinks again.
+async fn anthropic_forced_call_with_thinking_keeps_one_configuration_per_turn(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let toml = format!(
+        "builtin_tools = [\"current_time\"]\n\
+         [providers.fake]\nkind = \"anthropic\"\nbase_url = \"{}\"\nthinking_budget_tokens = 2048\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
+         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 4096\n",
+        fake.base_url()
+    );
+    let Some(server) = TestServer::start(backend, Config::from_toml(&toml).unwrap()).await else {
+        return;
+    };
+    let tool_use = {
+        use fake_anthropic::{event, message_end, message_start};
+        let mut body = message_start(30);
+        body.push_str(&event(&json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_forced", "name": "current_time", "input": {}}})));
+        body.push_str(&event(&json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "{}"}})));
+        body.push_str(&event(&json!({"type": "content_block_stop", "index": 0})));
+        body.push_str(&message_end("tool_use", 12));
+        body.into_bytes()
+    };
+    fake.push(Reply::sse(&tool_use));
+    fake.push(Reply::sse(&text(Wire::Anthropic, "It is noon.")));
+    let created = server
+        .create_run(
+            json!({"provider": "fake", "model": "fake-model", "input": "time?",
+                           "tool_choice": {"name": "current_time"}}),
+        )
+        .await;
+    let run_id = created["run_id"].as_str().unwrap();
+    let record = server.finished_run(run_id).await;
+    assert_eq!(record["status"], "completed", "{record}");
+    let session = record["session_id"].as_str().unwrap();
+    fake.push(Reply::sse(&fake_anthropic::fixture(
+        "thinking_interleaved_tool_use.sse",
+    )));
+    fake.push(Reply::sse(&text(Wire::Anthropic, "Sunny, 14:00.")));
+    let (frames, record) = run(&server, "weather and time in Paris?", Some(session)).await;
+    assert_eq!(record["status"], "completed", "{:?}", kinds(&frames));
+
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 4);
+    let thinking: Vec<&Value> = requests.iter().map(|r| &r.body["thinking"]).collect();
+    let on = json!({"type": "enabled", "budget_tokens": 2048});
+    assert_eq!(thinking, [&Value::Null, &Value::Null, &on, &on]);
+    assert_eq!(
+        requests[0].body["tool_choice"],
+        json!({"type": "tool", "name": "current_time"})
+    );
+    assert_eq!(requests[1].body["tool_choice"], json!({"type": "auto"}));
+    assert_valid(Wire::Anthropic, &requests);
+    server.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Retries are visible.
 
@@ -507,6 +567,7 @@ async fn anthropic_cut_call(backend: Backend) {
 on_both_backends!(
     deepseek_reasoning_is_streamed_stored_and_replayed,
     anthropic_thinking_is_streamed_stored_and_replayed_first,
+    anthropic_forced_call_with_thinking_keeps_one_configuration_per_turn,
     openai_retries,
     anthropic_retries,
     openai_garbled_calls,

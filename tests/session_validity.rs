@@ -632,4 +632,16 @@ fn the_validators_catch_broken_histories() {
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3"}]},
     ]});
     assert_eq!(validate_anthropic_request(&good), Vec::<String>::new());
+    let mut thinking_on = good.clone();
+    thinking_on["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
+    assert_eq!(
+        validate_anthropic_request(&thinking_on),
+        Vec::<String>::new()
+    );
+    let toggled = json!({"thinking": {"type": "enabled", "budget_tokens": 2048}, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3"}]},
+    ]});
+    assert!(!validate_anthropic_request(&toggled).is_empty());
 }
