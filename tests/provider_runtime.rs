@@ -328,6 +328,137 @@ async fn anthropic_forced_call_with_thinking_keeps_one_configuration_per_turn(ba
     server.stop().await;
 }
 
+/// What one recorded OpenAI-compatible turn shows over HTTP.
+struct Recorded {
+    fixture: &'static str,
+    /// The reasoning streamed as `reasoning_delta`s, joined.
+    reasoning: &'static str,
+    /// The answer text streamed as `text_delta`s, joined (the follow-up answer when the turn
+    /// calls tools).
+    text: &'static str,
+    /// The names of the calls completed.
+    calls: &'static [&'static str],
+    finish_reason: &'static str,
+    reasoning_tokens: Option<u64>,
+}
+
+/// One session through the recorded streams of llama.cpp, Ollama, vLLM, OpenAI (refusal,
+/// reasoning tokens) and an interrupted generation: reasoning is never answer text, every call
+/// completes once, each run ends with the right finish reason, and every request of the
+/// session is valid.
+async fn openai_compatible_servers_in_one_session(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let config = config(
+        Wire::OpenAi,
+        &fake.base_url(),
+        "reasoning_replay = \"tool_turns\"",
+        "max_attempts = 1",
+    );
+    let Some(server) = TestServer::start(backend, config).await else {
+        return;
+    };
+    let turns = [
+        Recorded {
+            fixture: "llamacpp_reasoning_tool_call.sse",
+            reasoning: "The user wants the weather in Paris. I will call get_weather.",
+            text: "Done.",
+            calls: &["get_weather"],
+            finish_reason: "stop",
+            reasoning_tokens: None,
+        },
+        Recorded {
+            fixture: "ollama_reasoning_tool_call.sse",
+            reasoning: "Need the time in Tokyo.",
+            text: "Done.",
+            calls: &["get_time"],
+            finish_reason: "stop",
+            reasoning_tokens: None,
+        },
+        Recorded {
+            fixture: "vllm_reasoning_text.sse",
+            reasoning: "2 + 2: add the units.",
+            text: "The answer is 4.",
+            calls: &[],
+            finish_reason: "stop",
+            reasoning_tokens: None,
+        },
+        Recorded {
+            fixture: "openai_refusal.sse",
+            reasoning: "",
+            text: "I'm sorry, I can't help with that.",
+            calls: &[],
+            finish_reason: "content_filter",
+            reasoning_tokens: None,
+        },
+        Recorded {
+            fixture: "no_finish_reason.sse",
+            reasoning: "",
+            text: "The report covers three",
+            calls: &[],
+            finish_reason: "unknown",
+            reasoning_tokens: None,
+        },
+        Recorded {
+            fixture: "openai_reasoning_tokens.sse",
+            reasoning: "",
+            text: "Paris is the capital.",
+            calls: &[],
+            finish_reason: "stop",
+            reasoning_tokens: Some(192),
+        },
+    ];
+    let mut session: Option<String> = None;
+    for turn in &turns {
+        fake.push(Reply::sse(&fake_openai::fixture(turn.fixture)));
+        if !turn.calls.is_empty() {
+            fake.push(Reply::sse(&text(Wire::OpenAi, turn.text)));
+        }
+        let (frames, record) = run(&server, turn.fixture, session.as_deref()).await;
+        let name = turn.fixture;
+        assert_eq!(
+            record["status"],
+            "completed",
+            "{name}: {:?}",
+            kinds(&frames)
+        );
+        assert_eq!(record["finish_reason"], turn.finish_reason, "{name}");
+        session = record["session_id"].as_str().map(str::to_owned);
+        let joined = |kind: &str| -> String {
+            of_kind(&frames, kind)
+                .iter()
+                .map(|e| e["delta"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(joined("reasoning_delta"), turn.reasoning, "{name}");
+        assert_eq!(joined("text_delta"), turn.text, "{name}");
+        let calls: Vec<String> = of_kind(&frames, "tool_call_completed")
+            .iter()
+            .map(|e| {
+                assert!(e["call"]["invalid_arguments"].is_null(), "{name}: {e}");
+                e["call"]["name"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(calls, turn.calls, "{name}");
+        if let Some(tokens) = turn.reasoning_tokens {
+            let usage = &of_kind(&frames, "usage_recorded")[0]["usage"];
+            assert_eq!(usage["reasoning_tokens"], tokens, "{name}: {usage}");
+        }
+    }
+    // The session goes on; its history carries all of the above.
+    fake.push(Reply::sse(&text(Wire::OpenAi, "Still here.")));
+    let (frames, record) = run(&server, "still there?", session.as_deref()).await;
+    assert_eq!(record["status"], "completed", "{:?}", kinds(&frames));
+    let requests = fake.requests();
+    assert_eq!(requests.len(), turns.len() + 2 + 1);
+    let last = requests.last().unwrap().body["messages"].to_string();
+    assert!(
+        last.contains("\"reasoning_content\":\"Need the time in Tokyo.\""),
+        "{last}"
+    );
+    assert_valid(Wire::OpenAi, &requests);
+    server.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Retries are visible.
 
@@ -568,6 +699,7 @@ on_both_backends!(
     deepseek_reasoning_is_streamed_stored_and_replayed,
     anthropic_thinking_is_streamed_stored_and_replayed_first,
     anthropic_forced_call_with_thinking_keeps_one_configuration_per_turn,
+    openai_compatible_servers_in_one_session,
     openai_retries,
     anthropic_retries,
     openai_garbled_calls,
