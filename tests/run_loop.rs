@@ -250,6 +250,7 @@ async fn cancel_ends_a_streaming_run(backend: Backend) {
         .send()
         .await
         .unwrap();
+    let ended = Instant::now();
     assert_eq!(response.status(), 200);
     let record: Value = response.json().await.unwrap();
     assert_eq!(record["status"], "cancelled");
@@ -277,17 +278,9 @@ async fn cancel_ends_a_streaming_run(backend: Backend) {
             .count(),
         1
     );
-    // A cancel right after (within `CANCEL_GRACE`) gets the same answer as the first and ends
-    // nothing twice; one after the grace is `409 run_finished` (tests/contract.rs).
-    let again = server
-        .client
-        .post(server.url(&format!("/runs/{run_id}/cancel")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(again.status(), 202);
-    let record: Value = again.json().await.unwrap();
-    assert_eq!(record["status"], "cancelled");
+    // Another cancel: the same answer within `CANCEL_GRACE`, `409 run_finished` after it; it
+    // ends nothing twice.
+    server.cancel_again(&run_id, started, ended).await;
     let frames = server.events(&run_id, None).await;
     assert_eq!(
         frames
