@@ -1,6 +1,7 @@
 //! A session never becomes unusable (issue #8, "done when"): one multi-turn session over each
 //! wire format (OpenAI Chat Completions, Anthropic Messages) and each store backend goes through
-//! tool calls, a malformed tool call, an empty answer, a refusal, a cancel in the middle of a
+//! tool calls, recorded reasoning turns (DeepSeek `reasoning_content`, Anthropic extended
+//! thinking), a malformed tool call, an empty answer, a refusal, a cancel in the middle of a
 //! tool and a crash (state left active in the store, then a new server over the same database
 //! recovers it), and keeps working to the end; every request the fake provider received passes
 //! the provider's own validation rules (`support::validate`).
@@ -40,14 +41,15 @@ enum Wire {
 }
 
 fn config(wire: Wire, base_url: &str, log: &std::path::Path) -> Config {
-    let kind = match wire {
-        Wire::OpenAi => "openai",
-        Wire::Anthropic => "anthropic",
+    // DeepSeek thinking mode needs the reasoning of tool turns sent back.
+    let (kind, extra) = match wire {
+        Wire::OpenAi => ("openai", "reasoning_replay = \"tool_turns\"\n"),
+        Wire::Anthropic => ("anthropic", ""),
     };
     let toml = format!(
         "[mcp_servers.fixture]\ntransport = \"stdio\"\ncommand = \"{FIXTURE}\"\n\
          env = {{ BEHEST_MCP_FIXTURE_LOG = \"{}\" }}\n\
-         [providers.fake]\nkind = \"{kind}\"\nbase_url = \"{base_url}\"\n\
+         [providers.fake]\nkind = \"{kind}\"\nbase_url = \"{base_url}\"\n{extra}\
          [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 5000\nidle_ms = 1500\ntotal_ms = 20000\n\
          [providers.fake.retry]\nmax_attempts = 1\n\
          [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
@@ -134,6 +136,16 @@ impl Script {
                 body.push_str(&fake_anthropic::message_end("refusal", 5));
                 body.into_bytes()
             }
+        }
+    }
+
+    /// A recorded turn with reasoning and tool calls (of tools the server does not have):
+    /// DeepSeek `reasoning_content` and one call; Anthropic extended thinking (signed and
+    /// redacted blocks), text and two interleaved `tool_use` blocks.
+    fn reasoning_tool_turn(&self) -> Vec<u8> {
+        match self.wire {
+            Wire::OpenAi => fake_openai::fixture("deepseek_reasoning_tool_call.sse"),
+            Wire::Anthropic => fake_anthropic::fixture("thinking_interleaved_tool_use.sse"),
         }
     }
 
@@ -349,6 +361,27 @@ async fn a_session_survives_everything(backend: Backend, wire: Wire) {
         }
     }
 
+    // 1b. A reasoning turn from the recorded fixtures: reasoning streamed as its own event,
+    // stored, and replayed (checked by the validators on every later request).
+    fake.push(Reply::sse(&script.reasoning_tool_turn()));
+    fake.push(Reply::sse(&script.text("Neither tool exists here.")));
+    let (_, frames, record) = run(&server, body("think, then use tools", Some(&session))).await;
+    assert_eq!(record["status"], "completed", "{:?}", kinds(&frames));
+    assert!(kinds(&frames).contains(&"reasoning_delta"));
+    let replayed = fake.requests().last().unwrap().body["messages"].to_string();
+    match wire {
+        Wire::OpenAi => assert!(
+            replayed.contains("\"reasoning_content\":\"I should look up the file first.\""),
+            "{replayed}"
+        ),
+        Wire::Anthropic => assert!(
+            replayed.contains(
+                "\"signature\":\"EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds\""
+            ),
+            "{replayed}"
+        ),
+    }
+
     // 2. A malformed call: completed as a call, a Failure the model sees, the loop goes on.
     fake.push(Reply::sse(&script.malformed_call("call_bad", "add")));
     fake.push(Reply::sse(&script.text("Sorry, let me stop there.")));
@@ -512,7 +545,7 @@ async fn a_session_survives_everything(backend: Backend, wire: Wire) {
 
     // Every request of the session is one the provider accepts.
     let requests = fake.requests();
-    assert_eq!(requests.len(), 8);
+    assert_eq!(requests.len(), 10);
     for (n, request) in requests.iter().enumerate() {
         let errors = match wire {
             Wire::OpenAi => validate_openai_request(&request.body),
@@ -599,4 +632,16 @@ fn the_validators_catch_broken_histories() {
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3"}]},
     ]});
     assert_eq!(validate_anthropic_request(&good), Vec::<String>::new());
+    let mut thinking_on = good.clone();
+    thinking_on["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
+    assert_eq!(
+        validate_anthropic_request(&thinking_on),
+        Vec::<String>::new()
+    );
+    let toggled = json!({"thinking": {"type": "enabled", "budget_tokens": 2048}, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3"}]},
+    ]});
+    assert!(!validate_anthropic_request(&toggled).is_empty());
 }

@@ -216,8 +216,12 @@ fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
 /// answering one assistant turn travel in one user message, in call order).
 ///
 /// With a thinking budget, `"thinking": {"type": "enabled", "budget_tokens": N}`, N at most
-/// `max_tokens - 1`; left out when that is below the API's minimum of 1024 tokens or when the
-/// tool choice forces a tool (the API does not allow thinking then).
+/// `max_tokens - 1`; left out when that is below the API's minimum of 1024 tokens, when the
+/// tool choice forces a tool (the API does not allow thinking then), or when the current
+/// assistant turn (the tool-use loop since the last user message) already has a tool-use
+/// message without thinking, e.g. after a forced first call: the API wants one thinking
+/// configuration per assistant turn, and with thinking on it rejects a final assistant turn
+/// that does not start with a thinking block.
 fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option<u32>) -> Value {
     let mut body = Map::new();
     body.insert("model".to_owned(), json!(request.model));
@@ -231,6 +235,7 @@ fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option
     if let Some(budget) = thinking_budget.map(|b| b.min(max_tokens.saturating_sub(1)))
         && budget >= MIN_THINKING_BUDGET
         && !forced
+        && !turn_started_without_thinking(&request.messages)
     {
         body.insert(
             "thinking".to_owned(),
@@ -273,6 +278,24 @@ fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option
         body.insert("tool_choice".to_owned(), choice);
     }
     Value::Object(body)
+}
+
+/// Whether the assistant turn in progress (the messages after the last user message) has a
+/// message with tool calls and no reasoning: that tool-use loop began with thinking off.
+fn turn_started_without_thinking(messages: &[Message]) -> bool {
+    let start = messages
+        .iter()
+        .rposition(|message| message.role == Role::User)
+        .map_or(0, |i| i + 1);
+    messages
+        .get(start..)
+        .unwrap_or_default()
+        .iter()
+        .any(|message| {
+            message.role == Role::Assistant
+                && !message.tool_calls.is_empty()
+                && message.reasoning.is_empty()
+        })
 }
 
 /// The API's smallest thinking budget, in tokens.

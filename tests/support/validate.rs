@@ -112,7 +112,8 @@ pub fn validate_openai_request(body: &Value) -> Vec<String> {
 /// consecutive turns of one side); content is not empty and has no empty text block; every
 /// `tool_use` is answered by exactly one `tool_result` in the next user turn, and every
 /// `tool_result` answers a `tool_use` of the turn just before; `input` is an object; in an
-/// assistant turn with `tool_use`, thinking blocks come first.
+/// assistant turn with `tool_use`, thinking blocks come first; with thinking enabled, the final
+/// assistant turn of a tool-use loop starts with a thinking block.
 pub fn validate_anthropic_request(body: &Value) -> Vec<String> {
     let mut errors = Vec::new();
     let Some(messages) = body["messages"].as_array() else {
@@ -215,6 +216,28 @@ pub fn validate_anthropic_request(body: &Value) -> Vec<String> {
         errors.push(format!(
             "the request ends with unanswered tool_use {previous_uses:?}"
         ));
+    }
+    // With thinking on, in a tool-use loop (the last user turn only answers tool calls) the
+    // final assistant turn must start with a thinking block.
+    let thinking_on = body["thinking"]["type"] == "enabled";
+    let in_tool_loop = messages.last().is_some_and(|last| {
+        last["role"] == "user"
+            && last["content"].as_array().is_some_and(|blocks| {
+                !blocks.is_empty() && blocks.iter().all(|b| b["type"] == "tool_result")
+            })
+    });
+    if thinking_on && in_tool_loop {
+        let first = messages
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "assistant")
+            .map(|m| m["content"][0]["type"].clone());
+        if !first.is_some_and(|t| t == "thinking" || t == "redacted_thinking") {
+            errors.push(
+                "thinking is enabled but the final assistant turn does not start with a thinking block"
+                    .to_owned(),
+            );
+        }
     }
     errors
 }

@@ -760,6 +760,48 @@ fn thinking_budget_is_bounded_by_max_tokens_and_off_for_forced_tools() {
     );
 }
 
+/// A tool-use loop begun without thinking (a forced first call) goes on without it: one
+/// thinking configuration per assistant turn. The next user message starts a new turn.
+#[test]
+fn thinking_stays_off_for_a_tool_loop_begun_without_it() {
+    let mut messages = vec![
+        message(Role::User, vec![text_part("Weather?")]),
+        assistant_with("", Vec::new(), true),
+        tool_message("toolu_1", text_part("sunny")),
+    ];
+    let thinking = |messages: &Vec<Message>| {
+        request_body(
+            &request(
+                messages.clone(),
+                vec![weather_tool()],
+                ToolChoice::default(),
+            ),
+            8000,
+            Some(2048),
+        )
+        .get("thinking")
+        .cloned()
+    };
+    assert_eq!(thinking(&messages), None);
+    messages.push(assistant_with("Sunny.", Vec::new(), false));
+    messages.push(message(Role::User, vec![text_part("And tomorrow?")]));
+    assert_eq!(
+        thinking(&messages),
+        Some(json!({"type": "enabled", "budget_tokens": 2048}))
+    );
+    let signed = Reasoning {
+        text: "think".to_owned(),
+        signature: Some(SIGNATURE.to_owned()),
+        redacted_data: None,
+    };
+    messages.push(assistant_with("", vec![signed], true));
+    messages.push(tool_message("toolu_1", text_part("rain")));
+    assert_eq!(
+        thinking(&messages),
+        Some(json!({"type": "enabled", "budget_tokens": 2048}))
+    );
+}
+
 #[test]
 fn prompt_too_long_is_context_length_exceeded() {
     let body = anthropic_error(
