@@ -287,7 +287,6 @@ async fn cancelling_a_hung_tool_leaves_a_usable_session(backend: Backend) {
         .send()
         .await
         .unwrap();
-    let ended = Instant::now();
     assert_eq!(response.status(), 200);
     assert!(
         started.elapsed() < Duration::from_secs(1),
@@ -362,8 +361,8 @@ async fn cancelling_a_hung_tool_leaves_a_usable_session(backend: Backend) {
             .unwrap()
             .contains("cancelled")
     );
-    // Another cancel: the same answer within `CANCEL_GRACE`, `409 run_finished` after it.
-    server.cancel_again(&run_id, started, ended).await;
+    // Another cancel of the ended run: `409 run_finished`.
+    server.cancel_again(&run_id).await;
 
     // The session's next run succeeds, and the model sees a valid history.
     fake.push(Reply::sse(&text_stream(&["Back again."])));

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use behest::api::{AppState, app};
 use behest::config::Config;
@@ -175,17 +175,9 @@ impl TestServer {
         self.get_json(&format!("/runs/{run_id}")).await
     }
 
-    /// Cancels again a run that a cancel sent at `asked` ended (known terminal at `ended`):
-    /// while that is surely within `CANCEL_GRACE` the answer is the first one's (`202`, the run
-    /// cancelled); otherwise it waits until the grace is surely over and expects
-    /// `409 run_finished` with `run_status: cancelled`.
-    pub async fn cancel_again(&self, run_id: &str, asked: Instant, ended: Instant) {
-        let grace = behest::runtime::CANCEL_GRACE;
-        let early = asked.elapsed() + Duration::from_secs(1) < grace;
-        if !early {
-            let wait = (grace + Duration::from_millis(200)).saturating_sub(ended.elapsed());
-            tokio::time::sleep(wait).await;
-        }
+    /// Cancels a run that had already ended before this request: `409 run_finished` with the
+    /// run's status, and nothing changes.
+    pub async fn cancel_again(&self, run_id: &str) {
         let response = self
             .client
             .post(self.url(&format!("/runs/{run_id}/cancel")))
@@ -194,16 +186,11 @@ impl TestServer {
             .expect("POST cancel");
         let status = response.status();
         let body: Value = response.json().await.expect("JSON");
-        if early {
-            assert_eq!(status, 202, "{body}");
-            assert_eq!(body["status"], "cancelled", "{body}");
-        } else {
-            assert_eq!(status, 409, "{body}");
-            assert_eq!(
-                (body["code"].as_str(), body["run_status"].as_str()),
-                (Some("run_finished"), Some("cancelled"))
-            );
-        }
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(
+            (body["code"].as_str(), body["run_status"].as_str()),
+            (Some("run_finished"), Some("cancelled"))
+        );
     }
 
     pub async fn get_json(&self, path: &str) -> Value {
