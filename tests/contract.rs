@@ -605,8 +605,9 @@ async fn simultaneous_posts(server: &TestServer, path: &str, n: usize) -> Vec<(u
     answers
 }
 
-/// Ten concurrent cancels of one active run all get `202`; with `wait=true`, all `200`. A
-/// cancel of a run that had ended before it arrived gets `409 run_finished`.
+/// Ten concurrent cancels of one active run all get `202`; with `wait=true`, all `200`; a later
+/// cancel of the cancelled run gets the same `202` (idempotent). A completed run's cancel gets
+/// `409 run_finished`.
 async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     for _ in 0..2 {
@@ -636,9 +637,13 @@ async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
         assert_eq!(terminal, 1);
         last = run_id;
     }
+    server.cancel_again(&last).await;
+    fake.push(Reply::sse(&text_stream(&["done"])));
+    let done = server.start_run("finish", None).await;
+    assert_eq!(server.finished_run(&done).await["status"], "completed");
     let late = server
         .client
-        .post(server.url(&format!("/runs/{last}/cancel")))
+        .post(server.url(&format!("/runs/{done}/cancel")))
         .send()
         .await
         .unwrap();
@@ -646,7 +651,7 @@ async fn concurrent_cancels_get_the_same_answer(backend: Backend) {
     let problem: Value = late.json().await.unwrap();
     assert_eq!(
         (problem["code"].as_str(), problem["run_status"].as_str()),
-        (Some("run_finished"), Some("cancelled"))
+        (Some("run_finished"), Some("completed"))
     );
     server.stop().await;
 }

@@ -277,7 +277,7 @@ async fn cancel_ends_a_streaming_run(backend: Backend) {
             .count(),
         1
     );
-    // Another cancel of the ended run: `409 run_finished`; it ends nothing twice.
+    // Another cancel of the cancelled run: the same answer (idempotent); it ends nothing twice.
     server.cancel_again(&run_id).await;
     let frames = server.events(&run_id, None).await;
     assert_eq!(

@@ -361,7 +361,7 @@ async fn cancelling_a_hung_tool_leaves_a_usable_session(backend: Backend) {
             .unwrap()
             .contains("cancelled")
     );
-    // Another cancel of the ended run: `409 run_finished`.
+    // Another cancel of the cancelled run: the same answer (idempotent).
     server.cancel_again(&run_id).await;
 
     // The session's next run succeeds, and the model sees a valid history.

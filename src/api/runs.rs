@@ -308,22 +308,20 @@ pub struct CancelQuery {
     params(("run_id" = String, Path, description = "Run id"), CancelQuery),
     responses(
         (status = 200, description = "With `wait=true`: the run after its terminal event", body = RunRecord),
-        (status = 202, description = "Cancellation requested (by this or a concurrent cancel); the run as it is now", body = RunRecord),
+        (status = 202, description = "Cancellation requested, or the run was already cancelled (cancel is idempotent); the run as it is now", body = RunRecord),
         (status = 400, description = "`invalid_query`: `wait` is not `true`/`false`, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`run_finished`: the run had ended before this request; `run_status` says how", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`run_finished`: the run had completed or failed; `run_status` says how", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn cancel_run(
     State(state): State<AppState>,
     Path(raw_id): Path<String>,
     Query(query): Query<CancelQuery>,
 ) -> Result<Response, ApiError> {
-    // When the request arrived: a run another cancel ends after this is not "already ended".
-    let asked_at = chrono::Utc::now();
     let run_id = parse_run_id(&raw_id)?;
     let outcome = state
         .runtime
-        .cancel_run(run_id, asked_at)
+        .cancel_run(run_id)
         .await?
         .ok_or_else(|| ApiError::run_not_found(&raw_id))?;
     let record = match outcome {

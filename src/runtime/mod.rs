@@ -367,16 +367,12 @@ impl Runtime {
     ///
     /// # Errors
     /// The store's, or `Ok(None)` when the run does not exist.
-    pub async fn cancel_run(
-        &self,
-        run_id: RunId,
-        asked_at: chrono::DateTime<Utc>,
-    ) -> Result<Option<CancelOutcome>, StoreError> {
+    pub async fn cancel_run(&self, run_id: RunId) -> Result<Option<CancelOutcome>, StoreError> {
         let Some(record) = self.store.get_run(run_id).await? else {
             return Ok(None);
         };
         if record.status.is_terminal() {
-            return Ok(Some(Self::finished_outcome(record, asked_at)));
+            return Ok(Some(Self::finished_outcome(record)));
         }
         let token = self.active().get(&run_id).map(|run| run.cancel.clone());
         match token {
@@ -404,11 +400,12 @@ impl Runtime {
         Ok(Some(CancelOutcome::Cancelling(now)))
     }
 
-    /// A cancel's outcome for a run found terminal: cancelled after the request arrived (by a
-    /// concurrent cancel) counts as cancelling; ended before, or ended otherwise, is already
+    /// A cancel's outcome for a run found terminal. Cancel is idempotent: a cancelled run
+    /// (whichever cancel ended it, however long ago) gets the same answer as the cancel that
+    /// ended it, so concurrent cancels never disagree; a completed or failed run is already
     /// finished.
-    fn finished_outcome(record: RunRecord, asked_at: chrono::DateTime<Utc>) -> CancelOutcome {
-        if record.status == RunStatus::Cancelled && record.updated_at >= asked_at {
+    fn finished_outcome(record: RunRecord) -> CancelOutcome {
+        if record.status == RunStatus::Cancelled {
             CancelOutcome::Cancelling(record)
         } else {
             CancelOutcome::AlreadyFinished(record)
