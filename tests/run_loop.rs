@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::db::{Backend, TestDb};
 use support::fake_anthropic as anthropic;
-use support::fake_openai::{FakeOpenAi, Reply, fixture, refused_base_url, text_stream};
+use support::fake_openai::{FakeOpenAi, Reply, chunk, fixture, refused_base_url, text_stream};
 use support::schema::EventSchema;
 use support::server::{Frame, TERMINAL, TestServer, config_for};
 
@@ -552,7 +552,62 @@ async fn an_unknown_finish_reason_is_not_a_clean_stop(backend: Backend) {
     server.stop().await;
 }
 
+/// A cancel while the model is streaming a tool call's arguments: the started call still gets
+/// its `tool_call_completed`, with the text streamed so far as `invalid_arguments`; nothing runs.
+async fn cancel_mid_tool_call_completes_the_started_call(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let started = chunk(
+        json!({"role": "assistant", "tool_calls": [{"index": 0, "id": "call_cut", "type": "function",
+            "function": {"name": "lookup", "arguments": ""}}]}),
+        None,
+    );
+    let piece = chunk(
+        json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"q\": \"par"}}]}),
+        None,
+    );
+    fake.push(Reply::stall_after(format!("{started}{piece}").as_bytes()));
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    let run_id = server.start_run("look it up", None).await;
+    // Watch live until the call's arguments stream, then cancel.
+    let mut live = server.watch(&run_id, None).await;
+    let mut seen = String::new();
+    while !seen.contains("event: tool_call_delta") {
+        let piece = tokio::time::timeout(Duration::from_secs(5), live.chunk())
+            .await
+            .expect("the call's arguments stream")
+            .unwrap()
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&piece));
+    }
+    drop(live);
+    let response = server
+        .client
+        .post(server.url(&format!("/runs/{run_id}/cancel?wait=true")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let frames = server.events(&run_id, None).await;
+    let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    let started_at = kinds
+        .iter()
+        .position(|k| *k == "tool_call_started")
+        .unwrap();
+    let completed_at = kinds.iter().position(|k| *k == "tool_call_completed");
+    assert!(completed_at.is_some_and(|at| at > started_at), "{kinds:?}");
+    let completed = frames[completed_at.unwrap()].json();
+    assert_eq!(completed["call"]["id"], "call_cut");
+    assert_eq!(completed["call"]["arguments"], json!({}));
+    assert_eq!(completed["call"]["invalid_arguments"], "{\"q\": \"par");
+    assert!(!kinds.contains(&"tool_execution_started"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"run_cancelled"));
+    server.stop().await;
+}
+
 on_both_backends!(
+    cancel_mid_tool_call_completes_the_started_call,
     an_unknown_finish_reason_is_not_a_clean_stop,
     a_run_cancelled_before_its_model_call_never_calls_the_model,
     anthropic_run_end_to_end,

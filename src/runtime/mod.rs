@@ -458,6 +458,7 @@ impl Runtime {
         } else {
             tool_exec::INTERRUPTED
         };
+        tool_exec::complete_logged_calls(self.store.as_ref(), &emitter, run.id).await?;
         tool_exec::finish_logged_executions(self.store.as_ref(), &emitter, run.id, reason).await?;
         tool_exec::answer_open_calls(&self.store, &emitter, run, reason).await?;
         let outcome = RunOutcome {

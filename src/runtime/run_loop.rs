@@ -136,6 +136,12 @@ pub(super) async fn supervise(
             Err(RunFailure::Interrupted(_)) => tool_exec::INTERRUPTED,
             _ => "not executed: the run ended before this tool call finished",
         };
+        // Every started call is completed, even one cut off mid-stream.
+        if let Err(error) =
+            tool_exec::complete_logged_calls(runtime.store().as_ref(), &emitter, run_id).await
+        {
+            tracing::error!(%run_id, %error, "could not complete open tool calls");
+        }
         // Each open execution's `tool_execution_finished` precedes its tool message.
         if let Err(error) = in_flight.finish_all(&emitter, reason).await {
             tracing::error!(%run_id, %error, "could not finish open tool executions");

@@ -252,6 +252,34 @@ pub(super) async fn skip_calls(
     Ok(())
 }
 
+/// The run's logged events of the given `types`, in order, with their data parsed.
+async fn logged_events(
+    store: &dyn Store,
+    run_id: crate::domain::RunId,
+    types: &[&str],
+) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+    let mut found = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.read_events(run_id, after, 500).await?;
+        let Some(last) = page.last() else { break };
+        after = last.sequence;
+        for event in page
+            .iter()
+            .filter(|e| types.contains(&e.event_type.as_str()))
+        {
+            let data: serde_json::Value = serde_json::from_str(&event.data)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            found.push((event.event_type.clone(), data));
+        }
+    }
+    Ok(found)
+}
+
+fn text_field(data: &serde_json::Value, key: &str) -> String {
+    data[key].as_str().unwrap_or_default().to_owned()
+}
+
 /// For a run whose task is gone (crash, orphan): reads its log and emits a
 /// `tool_execution_finished` with a `Failure` (`reason`) for every `tool_execution_started`
 /// that has none.
@@ -265,25 +293,13 @@ pub(super) async fn finish_logged_executions(
     reason: &str,
 ) -> Result<(), StoreError> {
     let mut open: Vec<(String, String)> = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = store.read_events(run_id, after, 500).await?;
-        let Some(last) = page.last() else { break };
-        after = last.sequence;
-        for event in &page {
-            let started = event.event_type == "tool_execution_started";
-            if !started && event.event_type != "tool_execution_finished" {
-                continue;
-            }
-            let data: serde_json::Value = serde_json::from_str(&event.data)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let call_id = data["call_id"].as_str().unwrap_or_default().to_owned();
-            if started {
-                let tool_name = data["tool_name"].as_str().unwrap_or_default().to_owned();
-                open.push((call_id, tool_name));
-            } else if let Some(position) = open.iter().position(|(id, _)| *id == call_id) {
-                open.remove(position);
-            }
+    let types = ["tool_execution_started", "tool_execution_finished"];
+    for (event_type, data) in logged_events(store, run_id, &types).await? {
+        let call_id = text_field(&data, "call_id");
+        if event_type == "tool_execution_started" {
+            open.push((call_id, text_field(&data, "tool_name")));
+        } else if let Some(position) = open.iter().position(|(id, _)| *id == call_id) {
+            open.remove(position);
         }
     }
     for (call_id, tool_name) in open {
@@ -296,6 +312,63 @@ pub(super) async fn finish_logged_executions(
                 }),
                 duration_ms: 0,
             }))
+            .await
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// For a run whose model call was cut off (cancel, crash, shutdown): reads its log and emits a
+/// `tool_call_completed` for every `tool_call_started` that has none, with the argument text
+/// streamed so far as `invalid_arguments` (`arguments` `{}`), so that every started call is
+/// completed. Such a call belongs to no committed message: it is never executed or replayed.
+///
+/// # Errors
+/// The store's or the event log's.
+pub(super) async fn complete_logged_calls(
+    store: &dyn Store,
+    emitter: &RunEmitter,
+    run_id: crate::domain::RunId,
+) -> Result<(), StoreError> {
+    // (call id, tool name, argument text so far)
+    let mut open: Vec<(String, String, String)> = Vec::new();
+    let types = [
+        "tool_call_started",
+        "tool_call_delta",
+        "tool_call_completed",
+    ];
+    for (event_type, data) in logged_events(store, run_id, &types).await? {
+        let (call_id, call) = match event_type.as_str() {
+            "tool_call_completed" => (text_field(&data["call"], "id"), None),
+            _ => (text_field(&data, "call_id"), Some(&data)),
+        };
+        let position = open.iter().position(|(id, _, _)| *id == call_id);
+        match (event_type.as_str(), position, call) {
+            ("tool_call_started", _, Some(data)) => {
+                open.push((call_id, text_field(data, "tool_name"), String::new()));
+            }
+            ("tool_call_delta", Some(at), Some(data)) => {
+                open[at]
+                    .2
+                    .push_str(data["delta"].as_str().unwrap_or_default());
+            }
+            ("tool_call_completed", Some(at), _) => {
+                open.remove(at);
+            }
+            _ => {}
+        }
+    }
+    for (id, name, text) in open {
+        let call = ToolCall {
+            id,
+            name,
+            arguments: serde_json::json!({}),
+            invalid_arguments: Some(text),
+        };
+        emitter
+            .emit(EventPayload::ToolCallCompleted(
+                crate::events::ToolCallCompleted { call },
+            ))
             .await
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
     }
