@@ -360,13 +360,15 @@ async function send(submitEvent) {
   if (!input) return;
   const sessionId = $('session').value;
   const transcript = $('transcript');
-  if (!sessionId) transcript.replaceChildren();
-  closeView();
   const body = { provider: $('provider').value, model: $('model').value, input };
   if (sessionId) body.session_id = sessionId;
   $('send').disabled = true;
   try {
     const created = await api('/runs', { method: 'POST', body: JSON.stringify(body) });
+    // Only a started run replaces the view: a refused one (e.g. session_busy) leaves the run
+    // being watched live and cancellable.
+    closeView();
+    if (!sessionId) transcript.replaceChildren();
     userMessage(transcript, input);
     $('input').value = '';
     chooseSession(created.session_id);
@@ -374,7 +376,7 @@ async function send(submitEvent) {
     loadLists();
   } catch (error) {
     note(transcript, 'error', 'Could not start the run: ' + error.message);
-    setState('error', 'failed');
+    if (!view || view.done) setState('error', 'failed');
   } finally {
     $('send').disabled = false;
   }
