@@ -505,6 +505,14 @@ impl Config {
                 runtime.max_tool_calls >= 1,
                 "runtime.max_tool_calls must be at least 1",
             ),
+            (
+                runtime.max_body_bytes >= 1024,
+                "runtime.max_body_bytes must be at least 1024",
+            ),
+            (
+                runtime.doom_loop.threshold >= 2,
+                "runtime.doom_loop.threshold must be at least 2",
+            ),
         ];
         if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {
             return Err(ConfigError::Check((*message).to_owned()));
@@ -514,8 +522,13 @@ impl Config {
                 && !provider.base_url.starts_with("http://")
                 && !provider.base_url.starts_with("https://")
             {
+                let problem = if provider.base_url.is_empty() {
+                    "is required (e.g. \"https://api.openai.com/v1\")"
+                } else {
+                    "must start with http:// or https://"
+                };
                 return Err(ConfigError::Check(format!(
-                    "providers.{id}.base_url must start with http:// or https://"
+                    "providers.{id}.base_url {problem}"
                 )));
             }
             if provider.kind != ProviderKind::Scripted
@@ -739,6 +752,15 @@ mod tests {
             ("[runtime]\nmax_iterations = 200\n", "max_iterations_cap"),
             ("[runtime]\nkeep_alive_ms = 0\n", "keep_alive_ms"),
             ("[runtime]\nmax_batch_events = 0\n", "max_batch_events"),
+            ("[runtime]\nmax_body_bytes = 0\n", "max_body_bytes"),
+            (
+                "[runtime.doom_loop]\nthreshold = 0\n",
+                "doom_loop.threshold",
+            ),
+            (
+                "[providers.x]\nkind = \"openai\"\n[providers.x.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
+                "providers.x.base_url is required",
+            ),
             (
                 "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\ntoken_delay_ms = 5\n[providers.x.models.m]\ncontext_window = 2\nmax_output_tokens = 1\n",
                 "scripted",
