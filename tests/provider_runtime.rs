@@ -73,6 +73,14 @@ fn of_kind(frames: &[Frame], kind: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The `delta` of every event of `kind` (`text_delta`, `reasoning_delta`), in order.
+fn deltas(frames: &[Frame], kind: &str) -> Vec<String> {
+    of_kind(frames, kind)
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 /// Runs `input` (in `session` if given) to its end; every event validates against the schema.
 async fn run(server: &TestServer, input: &str, session: Option<&str>) -> (Vec<Frame>, Value) {
     let run_id = server.start_run(input, session).await;
@@ -132,15 +140,9 @@ async fn deepseek_reasoning_is_streamed_stored_and_replayed(backend: Backend) {
     fake.push(Reply::sse(&text(Wire::OpenAi, "The notes are empty.")));
     let (frames, record) = run(&server, "what is in notes.md?", None).await;
     assert_eq!(record["status"], "completed", "{:?}", kinds(&frames));
-    let reasoning: Vec<String> = of_kind(&frames, "reasoning_delta")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap().to_owned())
-        .collect();
+    let reasoning = deltas(&frames, "reasoning_delta");
     assert_eq!(reasoning, ["I should look ", "up the file first."]);
-    let text: String = of_kind(&frames, "text_delta")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap().to_owned())
-        .collect();
+    let text: String = deltas(&frames, "text_delta").concat();
     assert_eq!(text, "The notes are empty.");
     // Reasoning tokens reported by the server are counted.
     let usage = &of_kind(&frames, "usage_recorded")[0]["usage"];
@@ -191,10 +193,7 @@ async fn anthropic_thinking_is_streamed_stored_and_replayed_first(backend: Backe
     fake.push(Reply::sse(&text(Wire::Anthropic, "Sunny, 14:00.")));
     let (frames, record) = run(&server, "weather and time in Paris?", None).await;
     assert_eq!(record["status"], "completed", "{:?}", kinds(&frames));
-    let reasoning: Vec<String> = of_kind(&frames, "reasoning_delta")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap().to_owned())
-        .collect();
+    let reasoning = deltas(&frames, "reasoning_delta");
     assert_eq!(
         reasoning,
         [
@@ -202,10 +201,7 @@ async fn anthropic_thinking_is_streamed_stored_and_replayed_first(backend: Backe
             "Two independent calls."
         ]
     );
-    let text: Vec<String> = of_kind(&frames, "text_delta")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap().to_owned())
-        .collect();
+    let text = deltas(&frames, "text_delta");
     assert_eq!(text, ["Checking both.", "Sunny, 14:00."]);
     let calls: Vec<Value> = of_kind(&frames, "tool_call_completed")
         .iter()
