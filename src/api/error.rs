@@ -48,16 +48,19 @@ impl ApiError {
     /// A detail longer than [`MAX_DETAIL_BYTES`] is cut there with a `… (truncated)` marker, so
     /// no client value is echoed at length.
     pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
-        Self(Box::new(Problem {
-            problem_type: "about:blank".to_owned(),
-            title: status.canonical_reason().unwrap_or("Error").to_owned(),
-            status: status.as_u16(),
-            detail: clip(detail.into(), MAX_DETAIL_BYTES),
-            code: code.to_owned(),
-            field: None,
-            run_id: None,
-            run_status: None,
-        }), None)
+        Self(
+            Box::new(Problem {
+                problem_type: "about:blank".to_owned(),
+                title: status.canonical_reason().unwrap_or("Error").to_owned(),
+                status: status.as_u16(),
+                detail: clip(detail.into(), MAX_DETAIL_BYTES),
+                code: code.to_owned(),
+                field: None,
+                run_id: None,
+                run_status: None,
+            }),
+            None,
+        )
     }
 
     /// Adds a `Retry-After` header of `seconds`.
