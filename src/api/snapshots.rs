@@ -27,7 +27,9 @@ pub struct ListSnapshotsResponse {
 }
 
 /// List snapshots, newest run first, optionally by session and status (proto
-/// `SnapshotService.ListSnapshots`). A run has a snapshot from its first model call on: it is
+/// `SnapshotService.ListSnapshots`).
+///
+/// A run has a snapshot from its first model call on: it is
 /// rewritten at each iteration boundary (`model_started`) and, once the run ends, shows the
 /// terminal status; it is kept until retention (`[runtime] event_retention_secs`) removes it
 /// with the run's events, or `DELETE /snapshots/{run_id}` does. `status` filters on the
@@ -60,8 +62,9 @@ pub async fn list_snapshots(
     }))
 }
 
-/// Read a run's snapshot (proto `SnapshotService.GetSnapshot`): its state at its last iteration
-/// boundary, or how it ended. There is none before the run's first model call, after
+/// Read a run's snapshot (proto `SnapshotService.GetSnapshot`).
+///
+/// The run's state at its last iteration boundary, or how it ended. There is none before the run's first model call, after
 /// retention removed it, or after it was deleted.
 #[utoipa::path(get, path = "/snapshots/{run_id}", tag = "snapshots",
     params(("run_id" = String, Path, description = "Run id")),
@@ -83,8 +86,9 @@ pub async fn get_snapshot(
         .ok_or_else(|| ApiError::snapshot_not_found(&raw_id))
 }
 
-/// Delete a finished run's snapshot (proto `SnapshotService.DeleteSnapshot`). The run, its
-/// events and messages stay. An active run's snapshot is what resuming it after a restart
+/// Delete a finished run's snapshot (proto `SnapshotService.DeleteSnapshot`).
+///
+/// The run, its events and messages stay. An active run's snapshot is what resuming it after a restart
 /// needs, so it cannot be deleted (409 `run_active`).
 #[utoipa::path(delete, path = "/snapshots/{run_id}", tag = "snapshots",
     params(("run_id" = String, Path, description = "Run id")),

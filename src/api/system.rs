@@ -25,7 +25,9 @@ pub async fn get_health() -> Json<Health> {
     })
 }
 
-/// Readiness: the store answers and the server is not shutting down. From the first moment of
+/// Readiness: the store answers and the server is not shutting down.
+///
+/// From the first moment of
 /// a shutdown (SIGTERM/SIGINT) this answers 503 `shutting_down`, so a load balancer stops
 /// sending traffic while the process drains its runs (its listener stays open meanwhile).
 #[utoipa::path(get, path = "/readyz", tag = "system",
