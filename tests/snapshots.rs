@@ -255,13 +255,18 @@ async fn deleting_a_snapshot(backend: Backend) {
 }
 
 async fn retention_removes_finished_runs_events(backend: Backend) {
-    let Some((fake, server)) = setup(backend, "event_retention_secs = 1").await else {
+    // One run per batch: a sweep goes on batch after batch until none is left.
+    let runtime = "event_retention_secs = 1\nretention_batch_runs = 1";
+    let Some((fake, server)) = setup(backend, runtime).await else {
         return;
     };
     fake.push(Reply::sse(&text_stream(&["Kept ", "forever?"])));
+    fake.push(Reply::sse(&text_stream(&["Me ", "too."])));
     let finished = server.start_run("remember me", None).await;
     let run = server.finished_run(&finished).await;
     let session = run["session_id"].as_str().unwrap().to_owned();
+    let other = server.start_run("and me", None).await;
+    server.finished_run(&other).await;
     fake.push(slow_text());
     let active = server.start_run("still going", None).await;
     let active_started = Instant::now();
@@ -286,6 +291,10 @@ async fn retention_removes_finished_runs_events(backend: Backend) {
         410,
         "run_events_expired",
     )
+    .await;
+    eventually(15, "the other finished run's events answer 410", || async {
+        server.watch(&other, None).await.status() == 410
+    })
     .await;
     problem(
         &server,

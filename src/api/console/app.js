@@ -223,6 +223,13 @@ async function openSession(sessionId) {
 }
 
 async function openRun(run) {
+  if (run.events_removed_at) {
+    // Retention removed the run's events (its stream answers 410): show its session instead.
+    await openSession(run.session_id);
+    note($('transcript'), 'muted', 'The events of run …' + short(run.id)
+      + ' were removed by retention; its messages are shown above.');
+    return;
+  }
   closeView();
   setState('loading…', 'loading');
   chooseSession(run.session_id);
