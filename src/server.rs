@@ -122,22 +122,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             };
         }
     }
-    let grace = grace(&config);
     tracing::info!(
         grace_ms = config.runtime.shutdown_grace_ms,
         "draining: admitting no runs, the active ones stop at their next boundary (the \
          listener stays open; a second signal exits at once)"
     );
-    // The drain's first step (no more runs admitted, `/readyz` 503) happens at its first poll,
-    // before the event streams end: a client that reconnects is then told this process stops.
-    let drain = runtime.shutdown(grace);
-    tokio::pin!(drain);
-    let drained = futures::poll!(drain.as_mut()).is_ready();
-    streams_end.cancel();
-    tracing::info!("event streams ended; clients reconnect with Last-Event-ID");
-    if !drained {
-        drain.await;
-    }
+    drain(&runtime, &streams_end, grace(&config)).await;
     tracing::info!("runs drained (left resumable); closing the listener");
     close_listener.cancel();
     match serving.await {
@@ -148,6 +138,24 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     tools.shutdown().await;
     tracing::info!("behest stopped");
     Ok(())
+}
+
+/// The drain of a shutdown, while the listener stays open: stops admitting runs (`/readyz` and
+/// `POST /runs` answer 503 `shutting_down` from here on), ends the open event streams of the
+/// app whose `AppState` holds `streams_end` (no terminal event: clients reconnect with
+/// `Last-Event-ID` to the next process), and waits until every run stopped at its next
+/// boundary, or `grace` passed and the rest were stopped where they were (all resumable).
+pub async fn drain(runtime: &Runtime, streams_end: &CancellationToken, grace: Duration) {
+    // The drain's first step (no more runs admitted) happens at its first poll, before the
+    // event streams end: a client that reconnects at once is told this process is stopping.
+    let drain = runtime.shutdown(grace);
+    tokio::pin!(drain);
+    let drained = futures::poll!(drain.as_mut()).is_ready();
+    streams_end.cancel();
+    tracing::info!("event streams ended; clients reconnect with Last-Event-ID");
+    if !drained {
+        drain.await;
+    }
 }
 
 /// The drain's grace period (`[runtime] shutdown_grace_ms`).

@@ -9,8 +9,10 @@
 
 mod support;
 
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
+use behest::api::{AppState, app};
 use behest::domain::RunId;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -18,6 +20,7 @@ use serde_json::{Value, json};
 use support::db::Backend;
 use support::fake_openai::{FakeOpenAi, Reply, text_stream, tool_calls_stream};
 use support::server::{TERMINAL, TestServer, config_with};
+use tokio_util::sync::CancellationToken;
 
 /// `builtin_tools = ["current_time"]` and these `[runtime]` settings.
 fn extra(runtime: &str) -> String {
@@ -366,18 +369,39 @@ async fn shutdown_drains_with_the_server_answering_503(backend: Backend) {
     );
     fake.push(Reply::sse(&text_stream(&["Never asked."])));
     let run_id = server.start_run("What time is it?", None).await;
+    // A second app over the same runtime, whose event streams end when the drain begins, as
+    // `behest serve` wires it.
+    let streams_end = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let watch_url = format!(
+        "http://{}/runs/{run_id}/events",
+        listener.local_addr().unwrap()
+    );
+    let state = AppState::new(server.runtime.clone(), streams_end.clone());
+    tokio::spawn(axum::serve(listener, app(state)).into_future());
     // Mid-stream: the model's answer has begun.
-    let response = server.watch(&run_id, None).await;
+    let response = server.client.get(&watch_url).send().await.unwrap();
     let mut frames = response.bytes_stream().eventsource();
     while let Some(frame) = frames.next().await {
         if frame.unwrap().event == "tool_call_started" {
             break;
         }
     }
-    drop(frames);
 
     let runtime = server.runtime.clone();
-    let drain = tokio::spawn(async move { runtime.shutdown(Duration::from_secs(15)).await });
+    let ends = streams_end.clone();
+    let drain = tokio::spawn(async move {
+        behest::server::drain(&runtime, &ends, Duration::from_secs(15)).await;
+    });
+    // The open stream ends at once, without a terminal event (the run has none to send: it
+    // stays non-terminal; without the drain this watch would go on).
+    let rest = tokio::time::timeout(Duration::from_secs(10), frames.collect::<Vec<_>>())
+        .await
+        .expect("the event stream ends when the drain begins");
+    for frame in rest {
+        let event = frame.expect("a clean end of the stream").event;
+        assert!(!TERMINAL.contains(&event.as_str()), "{event}");
+    }
     eventually(5, "/readyz answers 503", || async {
         send(&server, reqwest::Method::GET, "/readyz").await.0 == 503
     })
