@@ -179,21 +179,35 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
             return;
         }
         let lease = runtime.lease();
+        // Only runs whose lease was committed before the renewal can be missing from it
+        // because another process took them; a run created meanwhile is not lost.
+        let leased: Vec<RunId> = runtime
+            .active()
+            .iter()
+            .filter(|(_, run)| run.leased)
+            .map(|(id, _)| *id)
+            .collect();
         match runtime
             .store
             .renew_leases(&lease.owner, lease.expires_ms)
             .await
         {
             Ok(renewal) => {
-                let lost: Vec<RunId> = runtime
-                    .active()
-                    .iter()
-                    .filter(|(id, run)| run.leased && !renewal.owned.contains(id))
-                    .map(|(id, _)| *id)
+                let lost: Vec<RunId> = leased
+                    .into_iter()
+                    .filter(|id| !renewal.owned.contains(id))
                     .collect();
                 for run_id in lost {
-                    tracing::warn!(%run_id, "lost the run's lease to another process; stopping it here");
-                    runtime.abandon(run_id);
+                    // A run that just ended is not renewed either; only a live one was lost.
+                    let ended = runtime
+                        .store
+                        .get_run(run_id)
+                        .await
+                        .map(|run| run.is_none_or(|run| run.status.is_terminal()));
+                    if matches!(ended, Ok(false)) {
+                        tracing::warn!(%run_id, "lost the run's lease to another process; stopping it here");
+                        runtime.abandon(run_id);
+                    }
                 }
                 for run_id in renewal.cancel_requested {
                     if let Some(run) = runtime.active().get(&run_id) {
