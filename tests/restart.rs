@@ -1009,32 +1009,45 @@ async fn recovery_fail_mid_tool(backend: Backend) {
     crash_at(backend, KillPoint::MidTool, Recovery::Fail).await;
 }
 
-/// SIGTERM with a run mid model stream: the listener stays open during the drain (`GET`
-/// answers, `POST /runs` and `/readyz` answer 503 `shutting_down`), the process exits by
-/// itself within the grace, the run is left non-terminal, the watcher's stream ends cleanly
-/// without a terminal event, and after a restart the run resumes and completes.
+/// SIGTERM with a run mid model stream (its reply held) and one mid tool (a 1 s tool): the
+/// listener stays open during the drain (a `GET` answers, `POST /runs` and `/readyz` answer 503
+/// `shutting_down`), the process exits by itself after the grace, both runs are left
+/// non-terminal, the watchers' streams end cleanly without a terminal event, and after a
+/// restart both resume and complete (the tool ran once).
 async fn sigterm_mid_stream_then_resume(backend: Backend) {
+    const GRACE_MS: u64 = 3_000;
     let Some(h) = Harness::new(backend).await else {
         return;
     };
-    const GRACE_MS: u64 = 3_000;
     let runtime = format!("shutdown_grace_ms = {GRACE_MS}");
     let mut first = h.server("first", &runtime).await;
-    let plan = Plan::new(
+    let streaming = Plan::new(
         "t1",
         vec![Step::Tools(vec![("quick", 0)]), Step::Text],
         Some((1, Hold::CutText)),
     );
-    let (run, watcher) = h.start_run(&first, plan).await;
-    wait_until("a text_delta of the held stream", WAIT, || {
-        watcher.saw("text_delta") > 0
-    })
+    let tooling = Plan::new(
+        "t2",
+        vec![Step::Tools(vec![("slow", 1_000)]), Step::Text],
+        None,
+    );
+    let tool_marker = tooling.marker(0, 0);
+    let (runs, watchers): (Vec<Tracked>, Vec<Watcher>) =
+        futures::future::join_all([streaming, tooling].map(|plan| h.start_run(&first, plan)))
+            .await
+            .into_iter()
+            .unzip();
+    wait_until(
+        "a text_delta of the held stream, and the slow tool running",
+        WAIT,
+        || watchers[0].saw("text_delta") > 0 && h.tools.count(&tool_marker) > 0,
+    )
     .await;
     let began = Instant::now();
     first.terminate().await;
     // The drain: the listener answers.
     let mut readyz = (0, Value::Null);
-    for _ in 0..100 {
+    for _ in 0..200 {
         readyz = first.get("/readyz").await;
         if readyz.0 == 503 {
             break;
@@ -1043,7 +1056,7 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
     }
     assert_eq!(readyz.0, 503, "/readyz during the drain: {}", readyz.1);
     assert_eq!(readyz.1["code"], "shutting_down", "{}", readyz.1);
-    let (status, record) = first.get(&format!("/runs/{}", run.run_id)).await;
+    let (status, record) = first.get(&format!("/runs/{}", runs[0].run_id)).await;
     assert_eq!(status, 200, "a GET during the drain answers: {record}");
     let (status, retry_after, problem) = first
         .post(
@@ -1054,43 +1067,66 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
     assert_eq!(status, 503, "POST /runs during the drain: {problem}");
     assert_eq!(problem["code"], "shutting_down", "{problem}");
     assert!(retry_after.is_some(), "503 shutting_down has Retry-After");
-    let during_drain = began.elapsed();
+    let checked_after = began.elapsed();
     let exit = first
         .wait_exit(Duration::from_millis(GRACE_MS) + Duration::from_secs(10))
         .await;
     assert!(exit.is_some(), "the server exits by itself after the grace");
-    let (before, ended) = watcher.finish(Duration::from_secs(10), "t1").await;
-    assert_eq!(ended, Ok(()), "the SSE stream ended cleanly at shutdown");
-    assert!(
-        before.iter().all(|f| !TERMINAL.contains(&f.event.as_str())),
-        "no terminal event at shutdown: {:?}",
-        kinds(&before)
-    );
+    let exited_after = began.elapsed();
+    let mut seen = Vec::new();
+    for (run, watcher) in runs.iter().zip(watchers) {
+        let (before, ended) = watcher.finish(Duration::from_secs(10), &run.plan.tag).await;
+        assert_eq!(
+            ended,
+            Ok(()),
+            "{}: the SSE stream ended cleanly at shutdown: {:?}",
+            run.plan.tag,
+            kinds(&before)
+        );
+        assert!(
+            before.iter().all(|f| !TERMINAL.contains(&f.event.as_str())),
+            "{}: no terminal event at shutdown: {:?}",
+            run.plan.tag,
+            kinds(&before)
+        );
+        seen.push(before);
+    }
     {
         let store = h.db.store().await;
-        let id = run.run_id.parse().expect("run id");
-        let record = store.get_run(id).await.expect("read run").expect("run");
-        assert!(
-            !record.status.is_terminal(),
-            "the run is left non-terminal: {record:?}"
-        );
+        for run in &runs {
+            let id = run.run_id.parse().expect("run id");
+            let record = store.get_run(id).await.expect("read run").expect("run");
+            assert!(
+                !record.status.is_terminal(),
+                "{}: the run is left non-terminal: {record:?}",
+                run.plan.tag
+            );
+        }
     }
     h.before_kill.store(false, Ordering::SeqCst);
     let requests_before = h.fake.requests().len();
     let second = h.server("restarted", "").await;
-    let report = verify_run(&h, &second, &run, &before, Recovery::Resume).await;
-    assert!(report.resumed, "the run was resumed");
+    let mut reports = Vec::new();
+    for (run, before) in runs.iter().zip(&seen) {
+        let report = verify_run(&h, &second, run, before, Recovery::Resume).await;
+        assert!(report.resumed, "{}: the run was resumed", run.plan.tag);
+        reports.push(report);
+    }
+    assert_eq!(h.tools.count(&tool_marker), 1, "the slow tool ran once");
     assert_none_running(&second).await;
     let requests_after = assert_valid_requests(&h.fake, requests_before);
     println!(
-        "crash matrix [{:?}] SIGTERM mid stream: exit {:?} after SIGTERM (checks took {:.1} s), \
-         {} events ({} before), resumed, {} tool executions, {} model requests after the restart",
+        "crash matrix [{:?}] SIGTERM mid stream and mid tool: drain checks done {:.1} s and exit \
+         ({exit:?}) {:.1} s after SIGTERM (grace {GRACE_MS} ms); {} runs, {} events ({} before \
+         the restart), {} resumed, {} tool executions, {} model requests after the restart, all valid",
         h.backend,
-        exit,
-        during_drain.as_secs_f64(),
-        report.events,
-        report.seen_before_kill,
-        report.tools_executed,
+        checked_after.as_secs_f64(),
+        exited_after.as_secs_f64(),
+        reports.len(),
+        reports.iter().map(|r| r.events).sum::<usize>(),
+        reports.iter().map(|r| r.seen_before_kill).sum::<usize>(),
+        reports.iter().filter(|r| r.resumed).count(),
+        reports.iter().map(|r| r.tools_executed).sum::<usize>(),
         requests_after
     );
     drop(second);
