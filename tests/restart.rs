@@ -680,6 +680,14 @@ fn check_resume_markers(what: &str, full: &[Frame]) -> bool {
             "{what}: run_resumed continues a log: {:?}",
             kinds(full)
         );
+        if let Some(next) = full[at..].iter().find(|f| f.event == "model_started") {
+            assert_eq!(
+                next.json()["iteration"],
+                payload["iteration"],
+                "{what}: the next model_started has run_resumed's iteration: {:?}",
+                kinds(full)
+            );
+        }
         let cut = full[..at]
             .iter()
             .rposition(|f| f.event == "model_started")
