@@ -39,8 +39,8 @@ use support::validate::validate_openai_request;
 /// How long a kill point may take to be reached, or a run to end after the restart.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// How long a tool held for a kill mid tool sleeps (the kill comes long before).
-const HELD_TOOL_MS: u64 = 3_000;
+/// How long a tool held for a kill mid tool sleeps: until the test releases it after the kill.
+const HELD_TOOL_MS: u64 = 600_000;
 
 /// Text of a model call cut off by the kill; never in the output or the history.
 const ABANDONED: &str = "ABANDONED draft";
@@ -864,9 +864,10 @@ async fn crash_at(backend: Backend, point: KillPoint, recovery: Recovery) {
     })
     .await;
     first.kill().await;
-    h.before_kill.store(false, Ordering::SeqCst);
-    let requests_before = h.fake.requests().len();
     let executions_at_kill = h.tools.executions();
+    h.before_kill.store(false, Ordering::SeqCst);
+    h.tools.release();
+    let requests_before = h.fake.requests().len();
 
     // What each watcher saw before the kill (its stream breaks with the process).
     let mut seen = Vec::new();

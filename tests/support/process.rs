@@ -231,20 +231,27 @@ pub struct Execution {
 }
 
 /// An HTTP tool server on `127.0.0.1:0`: `POST /tools/{name}` with `{"marker", "sleep_ms"?}`
-/// sleeps `sleep_ms`, then answers `{"tool", "marker", "result": "<name> result for
-/// <marker>"}`. Every execution is recorded when it begins.
+/// sleeps `sleep_ms` (cut short by [`ToolServer::release`]), then answers `{"tool", "marker",
+/// "result": "<name> result for <marker>"}`. Every execution is recorded when it begins.
 pub struct ToolServer {
     addr: SocketAddr,
-    executions: Arc<Mutex<Vec<Execution>>>,
+    state: Arc<ToolState>,
     server: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ToolState {
+    executions: Mutex<Vec<Execution>>,
+    released: std::sync::atomic::AtomicBool,
+    release: tokio::sync::Notify,
 }
 
 impl ToolServer {
     pub async fn start() -> Self {
-        let executions = Arc::new(Mutex::new(Vec::new()));
+        let state = Arc::new(ToolState::default());
         let app = axum::Router::new()
             .route("/tools/{name}", post(execute))
-            .with_state(Arc::clone(&executions));
+            .with_state(Arc::clone(&state));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind tool server");
@@ -254,9 +261,18 @@ impl ToolServer {
         });
         Self {
             addr,
-            executions,
+            state,
             server,
         }
+    }
+
+    /// Ends every sleep at once, now and from now on (e.g. once the process that called a
+    /// held tool was killed, so a re-execution does not wait).
+    pub fn release(&self) {
+        self.state
+            .released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.state.release.notify_waiters();
     }
 
     /// The URL of tool `name`.
@@ -266,12 +282,12 @@ impl ToolServer {
 
     /// Every execution so far, in the order they began.
     pub fn executions(&self) -> Vec<Execution> {
-        lock(&self.executions).clone()
+        lock(&self.state.executions).clone()
     }
 
     /// How many times the call with this marker began executing.
     pub fn count(&self, marker: &str) -> usize {
-        lock(&self.executions)
+        lock(&self.state.executions)
             .iter()
             .filter(|e| e.marker == marker)
             .count()
@@ -285,13 +301,13 @@ impl Drop for ToolServer {
 }
 
 async fn execute(
-    State(executions): State<Arc<Mutex<Vec<Execution>>>>,
+    State(state): State<Arc<ToolState>>,
     Path(tool): Path<String>,
     Json(arguments): Json<Value>,
 ) -> Json<Value> {
     let marker = arguments["marker"].as_str().unwrap_or_default().to_owned();
     let index = {
-        let mut executions = lock(&executions);
+        let mut executions = lock(&state.executions);
         executions.push(Execution {
             tool: tool.clone(),
             marker: marker.clone(),
@@ -300,9 +316,17 @@ async fn execute(
         executions.len() - 1
     };
     if let Some(ms) = arguments["sleep_ms"].as_u64() {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let released = state.release.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        if !state.released.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                () = released => {}
+            }
+        }
     }
-    if let Some(execution) = lock(&executions).get_mut(index) {
+    if let Some(execution) = lock(&state.executions).get_mut(index) {
         execution.finished = true;
     }
     Json(json!({
