@@ -77,6 +77,34 @@ pub struct RuntimeConfig {
     pub max_tool_output_bytes: usize,
     /// Doom-loop detection.
     pub doom_loop: DoomLoopConfig,
+    /// What happens to a run left non-terminal by a process that died (crash, `kill -9`,
+    /// a shutdown's drain that ended): `resume` it from its last snapshot (default) or `fail` it
+    /// with `run_failed` (error class `interrupted`).
+    pub recovery: Recovery,
+    /// How long a run's lease lasts, in ms: the owning process renews it every third of this;
+    /// another process (a restarted one, later a replica) takes a run over only once its lease
+    /// has expired; default 15000 (at least 300).
+    pub lease_ttl_ms: u64,
+    /// How long a shutdown (SIGTERM/SIGINT) waits for active runs to reach their next boundary,
+    /// in ms; runs still going are then stopped where they are. Either way they stay resumable;
+    /// default 10000.
+    pub shutdown_grace_ms: u64,
+    /// Finished runs' events and snapshots are removed this many seconds after the run ended;
+    /// unset (default): kept forever. Runs, sessions and messages are kept.
+    pub event_retention_secs: Option<u64>,
+    /// Runs whose events one retention transaction removes at most; default 100.
+    pub retention_batch_runs: u32,
+}
+
+/// `[runtime] recovery`: what becomes of a run whose process died.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recovery {
+    /// Continue it from its last snapshot (the default).
+    #[default]
+    Resume,
+    /// End it with `run_failed` (error class `interrupted`).
+    Fail,
 }
 
 /// `[runtime.doom_loop]`: when repeated tool calls end a run.
@@ -119,6 +147,9 @@ pub enum McpServerConfig {
         /// Extra environment variables.
         #[serde(default)]
         env: BTreeMap<String, String>,
+        /// Its tools that are safe to execute twice (re-executed when a crash cut a call off).
+        #[serde(default)]
+        idempotent_tools: Vec<String>,
     },
     /// A streamable-HTTP MCP endpoint.
     Http {
@@ -127,6 +158,9 @@ pub enum McpServerConfig {
         /// Extra request headers (e.g. `Authorization`).
         #[serde(default)]
         headers: BTreeMap<String, String>,
+        /// Its tools that are safe to execute twice (re-executed when a crash cut a call off).
+        #[serde(default)]
+        idempotent_tools: Vec<String>,
     },
 }
 
@@ -145,6 +179,10 @@ pub struct HttpToolConfig {
     /// Extra request headers.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Safe to execute twice: a call cut off by a crash is executed again when the run resumes
+    /// (otherwise it gets an "interrupted, outcome unknown" result); default false.
+    #[serde(default)]
+    pub idempotent: bool,
 }
 
 fn empty_object_schema() -> serde_json::Value {
@@ -166,6 +204,11 @@ impl Default for RuntimeConfig {
             tool_timeout_ms: 60_000,
             max_tool_output_bytes: 65_536,
             doom_loop: DoomLoopConfig::default(),
+            recovery: Recovery::Resume,
+            lease_ttl_ms: 15_000,
+            shutdown_grace_ms: 10_000,
+            event_retention_secs: None,
+            retention_batch_runs: 100,
         }
     }
 }
@@ -512,6 +555,18 @@ impl Config {
             (
                 runtime.doom_loop.threshold >= 2,
                 "runtime.doom_loop.threshold must be at least 2",
+            ),
+            (
+                runtime.lease_ttl_ms >= 300,
+                "runtime.lease_ttl_ms must be at least 300",
+            ),
+            (
+                runtime.event_retention_secs != Some(0),
+                "runtime.event_retention_secs must be at least 1 (leave it unset to keep events forever)",
+            ),
+            (
+                runtime.retention_batch_runs >= 1,
+                "runtime.retention_batch_runs must be at least 1",
             ),
         ];
         if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {

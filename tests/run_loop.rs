@@ -310,9 +310,13 @@ async fn restart_fails_runs_left_active(backend: Backend) {
         client_request_id: None,
         request_hash: None,
         created_at: chrono::Utc::now(),
+        lease: None,
     };
     store.create_run(&orphan).await.unwrap();
-    let server = TestServer::on_store(store, config_for("http://127.0.0.1:9/v1"), Some(db)).await;
+    // `recovery = "fail"`: runs left active are failed, not resumed.
+    let config =
+        support::server::config_with("http://127.0.0.1:9/v1", "[runtime]\nrecovery = \"fail\"\n");
+    let server = TestServer::on_store(store, config, Some(db)).await;
     assert_eq!(server.runtime.recover().await.unwrap(), 1);
     let frames = server.events(&orphan.id.to_string(), None).await;
     assert_eq!(types(&frames), vec!["run_failed"]);

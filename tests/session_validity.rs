@@ -246,6 +246,7 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
             client_request_id: None,
             request_hash: None,
             created_at: now,
+            lease: None,
         })
         .await
         .unwrap();
@@ -501,6 +502,9 @@ async fn a_session_survives_everything(backend: Backend, wire: Wire) {
     let store = db.store().await;
     let session_id: SessionId = session.parse().unwrap();
     let (crashed, call_id) = leave_a_crashed_run(&store, session_id).await;
+    // `recovery = "fail"` (a resumed run is tests/restart.rs's subject).
+    let mut config = config;
+    config.runtime.recovery = behest::config::Recovery::Fail;
     let server = TestServer::on_store(store, config, None).await;
     assert_eq!(server.runtime.recover().await.unwrap(), 1);
     let frames = server.events(&crashed.to_string(), None).await;

@@ -37,6 +37,7 @@ fn new_run(session_id: SessionId, create_session: bool) -> NewRun {
         client_request_id: None,
         request_hash: None,
         created_at: Utc::now(),
+        lease: None,
     }
 }
 

@@ -29,6 +29,7 @@ fn stdio_fixture(log: &Path) -> BTreeMap<String, McpServerConfig> {
     BTreeMap::from([(
         "fixture".to_owned(),
         McpServerConfig::Stdio {
+            idempotent_tools: Vec::new(),
             command: FIXTURE.to_owned(),
             args: Vec::new(),
             env: BTreeMap::from([(
@@ -277,6 +278,7 @@ async fn a_server_that_cannot_start_is_named() {
     let servers = BTreeMap::from([(
         "ghost".to_owned(),
         McpServerConfig::Stdio {
+            idempotent_tools: Vec::new(),
             command: "/nonexistent/behest-no-such-server".to_owned(),
             args: Vec::new(),
             env: BTreeMap::new(),
@@ -294,6 +296,7 @@ async fn a_server_that_cannot_start_is_named() {
     let servers = BTreeMap::from([(
         "mute".to_owned(),
         McpServerConfig::Stdio {
+            idempotent_tools: Vec::new(),
             command: "true".to_owned(),
             args: Vec::new(),
             env: BTreeMap::new(),
@@ -340,6 +343,7 @@ async fn http_tool_server() -> String {
 
 fn http_tool(url: String, headers: &[(&str, &str)]) -> HttpToolConfig {
     HttpToolConfig {
+        idempotent: false,
         description: "An HTTP tool.".to_owned(),
         url,
         parameters: json!({
@@ -529,6 +533,7 @@ async fn streamable_http_mcp_server_lists_calls_and_cancels() {
     let servers = BTreeMap::from([(
         "remote".to_owned(),
         McpServerConfig::Http {
+            idempotent_tools: Vec::new(),
             url: url.clone(),
             headers: BTreeMap::from([("x-token".to_owned(), "t".to_owned())]),
         },
@@ -570,6 +575,7 @@ async fn streamable_http_mcp_server_lists_calls_and_cancels() {
     let servers = BTreeMap::from([(
         "remote".to_owned(),
         McpServerConfig::Http {
+            idempotent_tools: Vec::new(),
             url,
             headers: BTreeMap::new(),
         },

@@ -241,6 +241,9 @@ impl From<CreateRunError> for ApiError {
             CreateRunError::UnknownTool(_) => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_tool", detail).field("tools")
             }
+            CreateRunError::ShuttingDown => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", detail)
+            }
             CreateRunError::Store(error) => Self::internal(&error),
         }
     }

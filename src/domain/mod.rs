@@ -7,6 +7,7 @@ mod error_class;
 mod ids;
 mod message;
 mod run;
+mod snapshot;
 
 pub use error_class::ErrorClass;
 pub use ids::{MessageId, RunId, SessionId};
@@ -16,3 +17,4 @@ pub use run::{
     METADATA_MAX_BYTES, RequestProblem, RunOutput, RunRecord, RunStatus, Session, TokenUsage,
     ToolChoice, ToolChoiceMode, ToolChoiceTool,
 };
+pub use snapshot::Snapshot;

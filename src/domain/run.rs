@@ -259,6 +259,10 @@ pub struct RunRecord {
     pub created_at: DateTime<Utc>,
     /// Last status change (RFC 3339, UTC).
     pub updated_at: DateTime<Utc>,
+    /// When retention removed the run's events and snapshot (RFC 3339, UTC); its event stream
+    /// then answers 410 `run_events_expired`. Absent while they are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_removed_at: Option<DateTime<Utc>>,
 }
 
 /// What a finished run produced (proto `RunOutput`).

@@ -107,6 +107,9 @@ event_payloads! {
     ReasoningDelta(ReasoningDelta) = "reasoning_delta",
     /// A model call attempt failed before any output and is retried after a pause.
     ModelRetrying(ModelRetrying) = "model_retrying",
+    /// The run continues in a new server process after the one executing it stopped (crash,
+    /// `kill -9`, shutdown); its log goes on with the next sequence.
+    RunResumed(RunResumed) = "run_resumed",
 }
 
 impl EventPayload {
@@ -298,6 +301,25 @@ pub struct CompactionCircuitOpened {
 pub struct ReasoningDelta {
     /// The next piece of reasoning text (UTF-8).
     pub delta: String,
+}
+
+/// `run_resumed`: the run was taken over by a new server process (after a crash, `kill -9` or a
+/// shutdown) and continues from its last snapshot and committed messages. The first event a
+/// resumed run writes. Nothing before it is rewritten or sent again; committed messages stay;
+/// a tool call whose execution was cut off gets a result marked interrupted (or runs again when
+/// its tool is idempotent).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunResumed {
+    /// The iteration the run continues with: the next `model_started` has this `iteration`
+    /// (the same one as the abandoned call's, when `abandoned_after` is set).
+    pub iteration: u32,
+    /// The `sequence` of the `model_started` whose call was cut off, or null. Every
+    /// `text_delta`, `reasoning_delta`, `tool_call_started`, `tool_call_delta`,
+    /// `tool_call_completed`, `usage_recorded` and `cache_metrics` event after it and before
+    /// this one belongs to that abandoned call: a client drops its text and tool calls. The call
+    /// is made again (a new `model_started` with the same `iteration`); nothing of the abandoned
+    /// one was stored as a message, so `GET /runs/{id}/output` never contains it.
+    pub abandoned_after: Option<u64>,
 }
 
 /// `model_retrying`: a model call attempt failed before any output; the call is made again

@@ -27,6 +27,9 @@ pub enum LogError {
     /// The event could not be serialized (a bug).
     #[error("event serialization failed: {0}")]
     Serialize(String),
+    /// Another process holds the run's lease now: this one may no longer write its log.
+    #[error("the run is owned by another process")]
+    Fenced,
 }
 
 /// Events of one emit: written in one transaction (never split across batches).
@@ -53,10 +56,22 @@ impl std::fmt::Debug for Pending {
 
 impl EventLog {
     /// Starts the writer task; it ends when every `EventLog` handle is dropped.
+    /// Writes are fenced by `owner`'s leases ([`Store::append_events_as`]).
     #[must_use]
-    pub fn start(store: Arc<dyn Store>, feed: Arc<EventFeed>, max_batch: usize) -> Self {
+    pub fn start(
+        store: Arc<dyn Store>,
+        feed: Arc<EventFeed>,
+        max_batch: usize,
+        owner: Arc<str>,
+    ) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(store, feed.clone(), receiver, max_batch.max(1)));
+        tokio::spawn(write_loop(
+            store,
+            feed.clone(),
+            receiver,
+            max_batch.max(1),
+            owner,
+        ));
         Self { queue, feed }
     }
 
@@ -86,6 +101,7 @@ async fn write_loop(
     feed: Arc<EventFeed>,
     mut receiver: mpsc::UnboundedReceiver<Pending>,
     max_batch: usize,
+    owner: Arc<str>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     while receiver.recv_many(&mut batch, max_batch).await > 0 {
@@ -95,15 +111,20 @@ async fn write_loop(
             acks.push((pending.writes.len(), pending.done));
             writes.extend(pending.writes);
         }
-        let result = append_with_retry(store.as_ref(), &writes).await;
+        let result = append_with_retry(store.as_ref(), &owner, &writes).await;
         let mut written = writes.into_iter();
         for (count, done) in acks {
             let ack = match &result {
-                Ok(()) => {
+                Ok(fenced) => {
+                    let mut ack = Ok(());
                     for write in written.by_ref().take(count) {
-                        feed.publish(write.run_id, write.event);
+                        if fenced.contains(&write.run_id) {
+                            ack = Err(LogError::Fenced);
+                        } else {
+                            feed.publish(write.run_id, write.event);
+                        }
                     }
-                    Ok(())
+                    ack
                 }
                 Err(error) => Err(LogError::Store(error.to_string())),
             };
@@ -115,12 +136,24 @@ async fn write_loop(
 
 /// Transient store errors (busy database, dropped connection) get a few quick retries before
 /// the batch is reported failed.
-async fn append_with_retry(store: &dyn Store, writes: &[EventWrite]) -> Result<(), StoreError> {
+async fn append_with_retry(
+    store: &dyn Store,
+    owner: &str,
+    writes: &[EventWrite],
+) -> Result<Vec<RunId>, StoreError> {
     let mut delay = std::time::Duration::from_millis(20);
     let mut attempt = 1;
     loop {
-        match store.append_events(writes).await {
-            Ok(()) => return Ok(()),
+        match store.append_events_as(Some(owner), writes).await {
+            Ok(fenced) => {
+                if !fenced.is_empty() {
+                    tracing::warn!(
+                        ?fenced,
+                        "events of runs another process owns were not written"
+                    );
+                }
+                return Ok(fenced);
+            }
             Err(error) if attempt < 4 => {
                 tracing::warn!(%error, attempt, "event batch write failed; retrying");
                 tokio::time::sleep(delay).await;

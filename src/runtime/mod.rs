@@ -4,6 +4,7 @@
 mod doom_loop;
 mod event_log;
 mod model_turn;
+mod recovery;
 mod run_loop;
 pub mod tokens;
 mod tool_exec;
@@ -20,13 +21,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
 use crate::domain::{
-    CreateRunRequest, ErrorClass, FinishReason, MessageId, RequestProblem, RunId, RunRecord,
-    RunStatus, SessionId,
+    CreateRunRequest, MessageId, RequestProblem, RunId, RunRecord, RunStatus, SessionId,
 };
 use crate::domain::{ToolChoice, ToolChoiceMode};
-use crate::events::{EventFeed, EventPayload, LoggedEvent, RunFailed};
+use crate::events::{EventFeed, EventPayload, LoggedEvent};
 use crate::provider::Provider;
-use crate::store::{NewRun, RunOutcome, Store, StoreError};
+use crate::store::{NewRun, Store, StoreError};
 use crate::tools::ToolRegistry;
 
 pub use doom_loop::{DoomLoopDetector, canonical_json};
@@ -88,6 +88,9 @@ pub enum CreateRunError {
     /// A tool named in `tools` or `tool_choice` is not configured.
     #[error("no tool named `{0}` is configured")]
     UnknownTool(String),
+    /// The server is shutting down and admits no new runs.
+    #[error("the server is shutting down")]
+    ShuttingDown,
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),
@@ -113,7 +116,22 @@ pub enum CancelOutcome {
 
 #[derive(Debug)]
 struct ActiveRun {
+    /// Cancelled by a client's cancel: the run ends with `run_cancelled`.
     cancel: CancellationToken,
+    /// Cancelled when another process took the run over: the run stops here, writing nothing.
+    abandon: CancellationToken,
+    /// The run's lease is committed in the store (its renewal can be checked).
+    leased: bool,
+}
+
+impl ActiveRun {
+    fn new(leased: bool) -> Self {
+        Self {
+            cancel: CancellationToken::new(),
+            abandon: CancellationToken::new(),
+            leased,
+        }
+    }
 }
 
 /// The agent runtime; one per process, shared by the HTTP handlers.
@@ -126,7 +144,11 @@ pub struct Runtime {
     config: RuntimeConfig,
     active: Mutex<HashMap<RunId, ActiveRun>>,
     tasks: TaskTracker,
-    /// Cancelled when the process stops accepting work; runs still going are then failed.
+    /// This process's id as a lease owner (UUID v7, new at each start).
+    owner: Arc<str>,
+    /// Cancelled when a shutdown begins: runs stop at their next boundary, resumable.
+    draining: CancellationToken,
+    /// Cancelled when the shutdown's grace has passed: runs stop where they are, resumable.
     stop: CancellationToken,
 }
 
@@ -140,12 +162,14 @@ impl Runtime {
         tools: Arc<ToolRegistry>,
         config: RuntimeConfig,
     ) -> Arc<Self> {
+        let owner: Arc<str> = Arc::from(uuid::Uuid::now_v7().to_string());
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
-        let log = EventLog::start(store.clone(), feed, config.max_batch_events);
+        let log = EventLog::start(store.clone(), feed, config.max_batch_events, owner.clone());
         // The tokenizer's tables load once (about 2 s in a debug build), off the async threads,
         // before a usage estimate needs them.
         tokio::task::spawn_blocking(|| tokens::count_text("warm up"));
-        Arc::new(Self {
+        let ttl = Duration::from_millis(config.lease_ttl_ms);
+        let runtime = Arc::new(Self {
             store,
             log,
             providers,
@@ -153,8 +177,18 @@ impl Runtime {
             config,
             active: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
+            owner,
+            draining: CancellationToken::new(),
             stop: CancellationToken::new(),
-        })
+        });
+        tokio::spawn(recovery::lease_loop(Arc::downgrade(&runtime), ttl));
+        runtime
+    }
+
+    /// This process's id as the owner of its runs' leases.
+    #[must_use]
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
     /// The store.
@@ -198,6 +232,9 @@ impl Runtime {
         request: CreateRunRequest,
         trace: Option<TraceContext>,
     ) -> Result<CreatedRun, CreateRunError> {
+        if self.is_stopping() {
+            return Err(CreateRunError::ShuttingDown);
+        }
         let model = self.validate(&request)?;
         let (session_id, create_session) = match request.session_id.as_deref() {
             None => (SessionId::new(), true),
@@ -229,21 +266,23 @@ impl Runtime {
             client_request_id: request.client_request_id,
             request_hash,
             created_at: Utc::now(),
+            lease: Some(self.lease()),
         };
         // Registered (and its live feed opened) before the run is visible, so neither a cancel
         // nor a watcher can find it unowned.
-        let cancel = CancellationToken::new();
         self.log.feed().open(run_id);
-        self.active().insert(
-            run_id,
-            ActiveRun {
-                cancel: cancel.clone(),
-            },
-        );
+        self.active().insert(run_id, ActiveRun::new(false));
         let stored = self.store.create_run(&new_run).await;
-        if stored.is_err() {
-            self.active().remove(&run_id);
-            self.log.feed().close(run_id);
+        match &stored {
+            Ok(_) => {
+                if let Some(run) = self.active().get_mut(&run_id) {
+                    run.leased = true;
+                }
+            }
+            Err(_) => {
+                self.active().remove(&run_id);
+                self.log.feed().close(run_id);
+            }
         }
         let record = match stored {
             Ok(record) => record,
@@ -277,7 +316,7 @@ impl Runtime {
             Err(other) => return Err(CreateRunError::Store(other)),
         };
         let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
-        self.start(record.clone(), model, trace, cancel);
+        self.start(record.clone(), model, trace, 0);
         Ok(CreatedRun {
             record,
             replayed: false,
@@ -341,20 +380,36 @@ impl Runtime {
             })
     }
 
+    /// Executes the run in a task of this process: from its start when its log is empty
+    /// (`last_sequence` 0), else resumed after the last logged event.
     fn start(
         self: &Arc<Self>,
         record: RunRecord,
         model: ModelConfig,
         trace: TraceContext,
-        cancel: CancellationToken,
+        last_sequence: u64,
     ) {
         let run_id = record.id;
-        let emitter = Arc::new(self.log.emitter(run_id, 0, trace));
+        let (cancel, abandon) = {
+            let mut active = self.active();
+            let run = active.entry(run_id).or_insert_with(|| ActiveRun::new(true));
+            (run.cancel.clone(), run.abandon.clone())
+        };
+        self.log.feed().open(run_id);
+        let emitter = Arc::new(self.log.emitter(run_id, last_sequence, trace));
         let runtime = self.clone();
+        let tokens = run_loop::Tokens { cancel, abandon };
         self.tasks.spawn(async move {
-            run_loop::supervise(&runtime, record, model, emitter, cancel).await;
+            run_loop::supervise(&runtime, record, model, emitter, tokens, last_sequence > 0).await;
             runtime.active().remove(&run_id);
         });
+    }
+
+    /// Stops a run in this process without writing anything (another process owns it now).
+    fn abandon(&self, run_id: RunId) {
+        if let Some(run) = self.active().get(&run_id) {
+            run.abandon.cancel();
+        }
     }
 
     /// Requests cancellation. A run that had finished before the request is left alone and
@@ -378,21 +433,31 @@ impl Runtime {
         match token {
             Some(token) => token.cancel(),
             None => {
-                // Orphaned: no task of this process owns it. Two cancels may race to end it;
-                // the loser's write fails on the taken sequence, and the run is then terminal.
-                let ended = self
-                    .end_orphan(
-                        &record,
-                        EventPayload::RunCancelled(Default::default()),
-                        RunStatus::Cancelled,
-                        None,
-                    )
-                    .await;
-                if let Err(error) = ended {
-                    let now = self.store.get_run(run_id).await?;
-                    if !now.is_some_and(|run| run.status.is_terminal()) {
-                        return Err(error);
+                // Not executing here. Owned by no live process: take it over and end it (two
+                // cancels may race; the loser's write fails on the taken sequence, and the run
+                // is then terminal). Owned by another process: the store carries the cancel to
+                // it (or to whoever takes the run over).
+                let claimed = self
+                    .store
+                    .claim_run(run_id, &self.lease(), store_now_ms())
+                    .await?;
+                if claimed.is_some() {
+                    let ended = self
+                        .end_orphan(
+                            &record,
+                            EventPayload::RunCancelled(Default::default()),
+                            RunStatus::Cancelled,
+                            None,
+                        )
+                        .await;
+                    if let Err(error) = ended {
+                        let now = self.store.get_run(run_id).await?;
+                        if !now.is_some_and(|run| run.status.is_terminal()) {
+                            return Err(error);
+                        }
                     }
+                } else {
+                    self.store.request_cancel(run_id).await?;
                 }
             }
         }
@@ -412,71 +477,6 @@ impl Runtime {
         }
     }
 
-    /// Ends every run left non-terminal by a previous process with `run_failed` (error class
-    /// `interrupted`; its log gets exactly one terminal event), after giving each of its open
-    /// tool executions a `tool_execution_finished` and each of its unanswered tool calls a tool
-    /// message marked interrupted, so the session's next request is valid. Returns how many
-    /// were failed.
-    ///
-    /// # Errors
-    /// The store's.
-    pub async fn recover(&self) -> Result<usize, StoreError> {
-        let orphans = self.store.active_runs().await?;
-        let mut failed = 0;
-        for run in &orphans {
-            if self.active().contains_key(&run.id) {
-                continue;
-            }
-            let error = "the server stopped while the run was active".to_owned();
-            let payload = EventPayload::RunFailed(RunFailed {
-                error: error.clone(),
-                error_class: Some(ErrorClass::Interrupted),
-            });
-            self.end_orphan(run, payload, RunStatus::Failed, Some(error))
-                .await?;
-            failed += 1;
-        }
-        if failed > 0 {
-            tracing::warn!(failed, "failed runs left active by a previous process");
-        }
-        Ok(failed)
-    }
-
-    async fn end_orphan(
-        &self,
-        run: &RunRecord,
-        payload: EventPayload,
-        status: RunStatus,
-        error: Option<String>,
-    ) -> Result<(), StoreError> {
-        let last = self.store.last_sequence(run.id).await?;
-        let emitter = self
-            .log
-            .emitter(run.id, last, TraceContext::for_run(run.id));
-        let reason = if status == RunStatus::Cancelled {
-            tool_exec::CANCELLED
-        } else {
-            tool_exec::INTERRUPTED
-        };
-        tool_exec::complete_logged_calls(self.store.as_ref(), &emitter, run.id).await?;
-        tool_exec::finish_logged_executions(self.store.as_ref(), &emitter, run.id, reason).await?;
-        tool_exec::answer_open_calls(&self.store, &emitter, run, reason).await?;
-        let outcome = RunOutcome {
-            status,
-            finish_reason: Some(if status == RunStatus::Failed {
-                FinishReason::Error
-            } else {
-                FinishReason::Unknown
-            }),
-            error,
-        };
-        emitter
-            .finish(payload, outcome)
-            .await
-            .map(|_| ())
-            .map_err(|e| StoreError::Corrupt(e.to_string()))
-    }
-
     /// The run's events after `after`, live, each once, ending with the terminal event.
     pub fn watch(
         &self,
@@ -487,9 +487,12 @@ impl Runtime {
         watch::watch(self.store.clone(), run_id, live, after)
     }
 
-    /// Stops admitting work and waits up to `grace` for active runs; runs still going are then
-    /// failed with `run_failed` ("server shutting down").
+    /// Stops admitting runs; each active run stops at its next boundary (before its next model
+    /// call) within `grace`, and those still going then stop where they are. Nothing terminal
+    /// is written: every run stays resumable, and this process's leases are released so the
+    /// next process takes the runs over at once.
     pub async fn shutdown(&self, grace: Duration) {
+        self.draining.cancel();
         self.tasks.close();
         if tokio::time::timeout(grace, self.tasks.wait())
             .await
@@ -498,13 +501,31 @@ impl Runtime {
             self.stop.cancel();
             self.tasks.wait().await;
         }
+        self.stop.cancel();
+        if let Err(error) = self.store.release_leases(&self.owner).await {
+            tracing::warn!(%error, "could not release the runs' leases");
+        }
+        let left = self
+            .store
+            .active_runs()
+            .await
+            .map(|runs| runs.len())
+            .unwrap_or(0);
+        if left > 0 {
+            tracing::info!(runs = left, "runs left resumable for the next start");
+        }
     }
 
-    /// Whether the runtime is stopping.
+    /// Whether the runtime is stopping (a shutdown began).
     #[must_use]
     pub fn is_stopping(&self) -> bool {
-        self.stop.is_cancelled() || self.tasks.is_closed()
+        self.draining.is_cancelled()
     }
+}
+
+/// Now in ms since the Unix epoch (lease expiries).
+fn store_now_ms() -> i64 {
+    crate::store::unix_ms(Utc::now())
 }
 
 /// SHA-256 of the request's canonical JSON without its idempotency key: what "the same body"

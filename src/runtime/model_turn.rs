@@ -198,10 +198,16 @@ mod tests {
                 client_request_id: None,
                 request_hash: None,
                 created_at: chrono::Utc::now(),
+                lease: None,
             })
             .await
             .unwrap();
-        let log = EventLog::start(store.clone(), Arc::new(EventFeed::new(64)), 16);
+        let log = EventLog::start(
+            store.clone(),
+            Arc::new(EventFeed::new(64)),
+            16,
+            Arc::from("test"),
+        );
         let emitter = log.emitter(run_id, 0, TraceContext::default());
         (store, emitter, run_id)
     }

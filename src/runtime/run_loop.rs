@@ -9,20 +9,23 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::model_turn::{TurnError, read_model_stream};
+use super::recovery::{self, Next, PendingCalls};
 use super::tokens::{Reply, TokenCounter};
-use super::tool_exec::{self, InFlight, answer_open_calls, commit_tool_message, skip_calls};
+use super::tool_exec::{
+    self, Execution, InFlight, answer_open_calls, commit_tool_message, skip_calls,
+};
 use super::{DoomLoopDetector, LogError, RunEmitter, Runtime};
 use crate::config::ModelConfig;
 use crate::domain::{
-    ContentPart, ErrorClass, FinishReason, Role, RunRecord, RunStatus, TokenUsage, ToolChoice,
-    ToolChoiceMode,
+    ContentPart, ErrorClass, FinishReason, Message, Role, RunRecord, RunStatus, TokenUsage,
+    ToolCall, ToolChoice, ToolChoiceMode,
 };
 use crate::events::{
     ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted, RunCancelled,
-    RunCompleted, RunFailed, RunStarted, UsageRecorded,
+    RunCompleted, RunFailed, RunResumed, RunStarted, UsageRecorded,
 };
-use crate::provider::{ModelRequest, ProviderError};
-use crate::store::{RunChange, RunOutcome, StoreError};
+use crate::provider::{ModelRequest, ProviderError, ToolSpec};
+use crate::store::{RunChange, RunOutcome, SnapshotWrite, StoreError};
 
 /// Why the loop stopped early; each maps to the `error_class` of `run_failed`.
 #[derive(Debug, thiserror::Error)]
@@ -38,9 +41,10 @@ enum RunFailure {
     Limit(String),
     #[error("doom loop detected: {0}")]
     DoomLoop(String),
-    /// Shutdown.
-    #[error("{0}")]
-    Interrupted(String),
+    /// Shutdown: the run stopped at a boundary (or where it was, after the grace) and stays
+    /// resumable; nothing terminal is written.
+    #[error("suspended for a shutdown")]
+    Suspended,
     /// A bug or a configuration change under a running run.
     #[error("{0}")]
     Internal(String),
@@ -54,7 +58,7 @@ impl RunFailure {
             Self::Provider(error) => error.class,
             Self::Limit(_) => ErrorClass::LimitExceeded,
             Self::DoomLoop(_) => ErrorClass::DoomLoop,
-            Self::Interrupted(_) | Self::Cancelled => ErrorClass::Interrupted,
+            Self::Suspended | Self::Cancelled => ErrorClass::Interrupted,
             Self::Log(_) | Self::Store(_) | Self::Internal(_) => ErrorClass::Internal,
         }
     }
@@ -89,18 +93,31 @@ struct RunContext {
     in_flight: InFlight,
 }
 
-/// Runs the loop in its own task and writes the one terminal event. A run that ends early
-/// first finishes its open tool executions and answers its open tool calls.
+/// What stops a run's task from outside.
+#[derive(Debug, Clone)]
+pub(super) struct Tokens {
+    /// A client's cancel: the run ends with `run_cancelled`.
+    pub cancel: CancellationToken,
+    /// Another process took the run over: the task stops, writing nothing.
+    pub abandon: CancellationToken,
+}
+
+/// Runs the loop in its own task (from the start, or `resumed` after the last logged event)
+/// and writes the one terminal event. A run that ends early first finishes its open tool
+/// executions and answers its open tool calls. A run suspended by a shutdown, or taken over by
+/// another process, writes nothing more here: it is resumed by the next owner.
 pub(super) async fn supervise(
     runtime: &Arc<Runtime>,
     record: RunRecord,
     model: ModelConfig,
     emitter: Arc<RunEmitter>,
-    cancel: CancellationToken,
+    tokens: Tokens,
+    resumed: bool,
 ) {
     let run_id = record.id;
     let record_for_cleanup = record.clone();
     let in_flight = InFlight::default();
+    let cancel = tokens.cancel;
     let context = RunContext {
         runtime: runtime.clone(),
         record,
@@ -109,7 +126,7 @@ pub(super) async fn supervise(
         cancel: cancel.clone(),
         in_flight: in_flight.clone(),
     };
-    let mut body = tokio::spawn(execute(context));
+    let mut body = tokio::spawn(execute(context, resumed));
     let ended = tokio::select! {
         biased;
         () = cancel.cancelled() => {
@@ -117,10 +134,15 @@ pub(super) async fn supervise(
             let _ = body.await;
             Err(RunFailure::Cancelled)
         }
+        () = tokens.abandon.cancelled() => {
+            body.abort();
+            let _ = body.await;
+            Err(RunFailure::Log(LogError::Fenced))
+        }
         () = runtime.stop.cancelled() => {
             body.abort();
             let _ = body.await;
-            Err(RunFailure::Interrupted("the server shut down while the run was active".to_owned()))
+            Err(RunFailure::Suspended)
         }
         joined = &mut body => match joined {
             Ok(result) => result,
@@ -130,10 +152,22 @@ pub(super) async fn supervise(
             }
         },
     };
+    match &ended {
+        Err(RunFailure::Suspended) => {
+            tracing::info!(%run_id, "run suspended for the shutdown; the next start resumes it");
+            runtime.log.feed().close(run_id);
+            return;
+        }
+        Err(RunFailure::Log(LogError::Fenced)) => {
+            tracing::warn!(%run_id, "another process owns the run now; stopped here");
+            runtime.log.feed().close(run_id);
+            return;
+        }
+        _ => {}
+    }
     if ended.is_err() {
         let reason = match &ended {
             Err(RunFailure::Cancelled) => tool_exec::CANCELLED,
-            Err(RunFailure::Interrupted(_)) => tool_exec::INTERRUPTED,
             _ => "not executed: the run ended before this tool call finished",
         };
         // Every started call is completed, even one cut off mid-stream.
@@ -198,7 +232,7 @@ async fn finish(emitter: &RunEmitter, payload: EventPayload, outcome: RunOutcome
     let mut delay = Duration::from_millis(100);
     for attempt in 1..=6 {
         match emitter.finish(payload.clone(), outcome.clone()).await {
-            Ok(_) | Err(LogError::Closed) => return,
+            Ok(_) | Err(LogError::Closed | LogError::Fenced) => return,
             Err(error) => {
                 tracing::error!(run_id = %emitter.run_id(), %error, attempt, "terminal event write failed");
                 tokio::time::sleep(delay).await;
@@ -220,16 +254,19 @@ fn tool_choice_for(choice: &ToolChoice, iteration: u32) -> ToolChoice {
     }
 }
 
+/// The loop's state that outlives one iteration.
+struct Progress {
+    history: Vec<Message>,
+    total_usage: TokenUsage,
+    tool_calls_made: u32,
+    doom_loop: Option<DoomLoopDetector>,
+    tools: Vec<ToolSpec>,
+}
+
 #[tracing::instrument(skip_all, fields(run_id = %context.record.id))]
-async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
-    let RunContext {
-        runtime,
-        record,
-        model,
-        emitter,
-        cancel,
-        in_flight,
-    } = context;
+async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFailure> {
+    let runtime = context.runtime.clone();
+    let record = &context.record;
     let store = runtime.store().clone();
     let entry = runtime
         .providers()
@@ -241,38 +278,58 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 record.provider
             ))
         })?;
-
-    let mut history = store.session_messages(record.session_id).await?;
-    // Logged with the first `model_started`, in one transaction.
-    let mut preamble = vec![
-        (
-            EventPayload::RunStarted(RunStarted {
-                session_id: record.session_id,
-                provider: record.provider.clone(),
-                model: record.model.clone(),
-            }),
-            status(RunStatus::SessionLoaded),
-        ),
-        (
-            EventPayload::ContextBuilt(ContextBuilt {
-                message_count: u32::try_from(history.len()).unwrap_or(u32::MAX),
-            }),
-            status(RunStatus::BuildingContext),
-        ),
-    ];
-
-    let mut total_usage = TokenUsage::default();
-    let mut counter = TokenCounter::new();
     let config = runtime.config().clone();
+    let history = store.session_messages(record.session_id).await?;
+    let mut progress = Progress {
+        history,
+        total_usage: TokenUsage::default(),
+        tool_calls_made: 0,
+        doom_loop: config.doom_loop.enabled.then(|| {
+            DoomLoopDetector::new(config.doom_loop.threshold).allowing(&config.doom_loop.allow)
+        }),
+        tools: runtime.tools().specs(record.tools.as_deref()),
+    };
+    let mut preamble = Vec::new();
+    let first_iteration = if resumed {
+        match resume(&context, &mut progress).await? {
+            Resumed::At(iteration) => iteration,
+            Resumed::Done(completion) => return Ok(completion),
+        }
+    } else {
+        // Logged with the first `model_started`, in one transaction.
+        preamble = vec![
+            (
+                EventPayload::RunStarted(RunStarted {
+                    session_id: record.session_id,
+                    provider: record.provider.clone(),
+                    model: record.model.clone(),
+                }),
+                status(RunStatus::SessionLoaded),
+            ),
+            (
+                EventPayload::ContextBuilt(ContextBuilt {
+                    message_count: u32::try_from(progress.history.len()).unwrap_or(u32::MAX),
+                }),
+                status(RunStatus::BuildingContext),
+            ),
+        ];
+        1
+    };
+    let RunContext {
+        model,
+        emitter,
+        cancel,
+        ..
+    } = &context;
+    let mut counter = TokenCounter::new();
     let max_iterations = record.max_iterations;
-    let tools = runtime.tools().specs(record.tools.as_deref());
-    let mut doom_loop = config.doom_loop.enabled.then(|| {
-        DoomLoopDetector::new(config.doom_loop.threshold).allowing(&config.doom_loop.allow)
-    });
-    let mut tool_calls_made: u32 = 0;
-    for iteration in 1..=max_iterations {
+    for iteration in first_iteration..=max_iterations {
         if cancel.is_cancelled() {
             return Err(RunFailure::Cancelled);
+        }
+        // A shutdown stops the run here, at the boundary, resumable.
+        if runtime.draining.is_cancelled() {
+            return Err(RunFailure::Suspended);
         }
         let mut events = std::mem::take(&mut preamble);
         events.push((
@@ -281,17 +338,24 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 model: record.model.clone(),
                 iteration,
             }),
-            // The call counts as an iteration from its start, whether or not it completes.
+            // The call counts as an iteration from its start, whether or not it completes; the
+            // boundary's snapshot is written with it.
             RunChange {
                 status: Some(RunStatus::CallingModel),
-                progress: Some((iteration, total_usage)),
+                progress: Some((iteration, progress.total_usage)),
+                snapshot: Some(SnapshotWrite {
+                    session_id: record.session_id,
+                    iteration,
+                    total_usage: progress.total_usage,
+                    tool_calls: progress.tool_calls_made,
+                }),
                 ..RunChange::default()
             },
         ));
         let request = ModelRequest {
             model: record.model.clone(),
-            messages: history.clone(),
-            tools: tools.clone(),
+            messages: progress.history.clone(),
+            tools: progress.tools.clone(),
             tool_choice: tool_choice_for(&record.tool_choice, iteration),
             max_output_tokens: Some(model.max_output_tokens),
         };
@@ -300,7 +364,7 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
         let (logged, stream) =
             tokio::join!(emitter.emit_all(events), entry.provider.stream(request));
         logged?;
-        let turn = read_model_stream(&emitter, stream?)
+        let turn = read_model_stream(emitter, stream?)
             .await
             .map_err(|e| RunFailure::from_turn(e, &record.provider))?;
 
@@ -311,17 +375,17 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 reasoning: &turn.reasoning_text,
                 tool_calls: &turn.tool_calls,
             };
-            counter.estimate(&history, &tools, &reply)
+            counter.estimate(&progress.history, &progress.tools, &reply)
         });
-        total_usage += usage;
-        let progress = RunChange {
-            progress: Some((iteration, total_usage)),
+        progress.total_usage += usage;
+        let recorded = RunChange {
+            progress: Some((iteration, progress.total_usage)),
             ..RunChange::default()
         };
         emitter
             .emit_with(
                 EventPayload::UsageRecorded(UsageRecorded { usage }),
-                progress,
+                recorded,
             )
             .await?;
         if let Some(cache) = turn.cache.clone() {
@@ -342,11 +406,13 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
             vec![ContentPart::Text { text: turn.text }]
         };
         let mut assistant =
-            tool_exec::new_message(&record, Role::Assistant, content, turn.tool_calls.clone());
+            tool_exec::new_message(record, Role::Assistant, content, turn.tool_calls.clone());
         assistant.reasoning = turn.reasoning;
         let committed = RunChange {
             status: Some(RunStatus::Persisting),
             message: Some(assistant.clone()),
+            // Kept with the last turn, so a run resumed before its terminal event knows it.
+            finish_reason: turn.tool_calls.is_empty().then_some(turn.finish_reason),
             ..RunChange::default()
         };
         emitter
@@ -357,7 +423,7 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 committed,
             )
             .await?;
-        history.push(assistant);
+        progress.history.push(assistant);
 
         if turn.tool_calls.is_empty() {
             return Ok(Completion {
@@ -365,51 +431,166 @@ async fn execute(context: RunContext) -> Result<Completion, RunFailure> {
                 iterations: iteration,
             });
         }
-        let calls = turn.tool_calls;
-        if let Some(description) = doom_loop.as_mut().and_then(|d| d.observe(&calls)) {
-            emitter
-                .emit(EventPayload::DoomLoopDetected(DoomLoopDetected {
-                    description: description.clone(),
-                }))
-                .await?;
-            skip_calls(
-                &emitter,
-                &record,
-                &calls,
-                "not executed: doom loop detected",
-            )
-            .await?;
-            return Err(RunFailure::DoomLoop(description));
-        }
-        tool_calls_made =
-            tool_calls_made.saturating_add(u32::try_from(calls.len()).unwrap_or(u32::MAX));
-        if tool_calls_made > config.max_tool_calls {
-            let reason = format!("the run reached max_tool_calls ({})", config.max_tool_calls);
-            skip_calls(
-                &emitter,
-                &record,
-                &calls,
-                &format!("not executed: {reason}"),
-            )
-            .await?;
-            return Err(RunFailure::Limit(reason));
-        }
-        let executions = futures::stream::iter(calls)
-            .map(|call| {
-                tool_exec::execute_tool(&runtime, &emitter, &in_flight, &record, call, &config)
-            })
-            .buffered(config.tool_concurrency.max(1));
-        futures::pin_mut!(executions);
-        // Results are committed in the model's call order, whatever order the tools end in.
-        while let Some(execution) = executions.next().await {
-            let (call, content) = execution?;
-            let message = commit_tool_message(&emitter, &record, &call, content).await?;
-            history.push(message);
-        }
+        run_tools(&context, &mut progress, &turn.tool_calls, None).await?;
     }
     Err(RunFailure::Limit(format!(
         "the run reached max_iterations ({max_iterations}) without the model stopping"
     )))
+}
+
+/// Where a resumed run goes on.
+enum Resumed {
+    /// With this iteration's model call.
+    At(u32),
+    /// Its last turn was the answer: it completes.
+    Done(Completion),
+}
+
+/// Resumes a run taken over from a stopped process: announces `run_resumed`, restores the
+/// usage, tool-call count and doom-loop detector from its committed turns, finishes the tool
+/// calls of its last turn, and says which iteration comes next.
+async fn resume(context: &RunContext, progress: &mut Progress) -> Result<Resumed, RunFailure> {
+    let record = &context.record;
+    let store = context.runtime.store().clone();
+    let plan = recovery::plan(store.as_ref(), record, &progress.history).await?;
+    let next_iteration = match &plan.next {
+        Next::ModelCall(iteration) => *iteration,
+        Next::Tools(_) => plan.iteration.saturating_add(1),
+        Next::Complete(_) => plan.iteration,
+    };
+    context
+        .emitter
+        .emit(EventPayload::RunResumed(RunResumed {
+            iteration: next_iteration,
+            abandoned_after: plan.abandoned_after,
+        }))
+        .await?;
+    progress.total_usage = record.total_usage;
+    // The turns before the one still open replay through the detector and the count.
+    let replayed = match plan.next {
+        Next::Tools(_) => plan.assistant_messages.len().saturating_sub(1),
+        _ => plan.assistant_messages.len(),
+    };
+    for turn in &plan.assistant_messages[..replayed] {
+        if let Some(detector) = progress.doom_loop.as_mut() {
+            let _ = detector.observe(&turn.tool_calls);
+        }
+        progress.tool_calls_made = progress
+            .tool_calls_made
+            .saturating_add(u32::try_from(turn.tool_calls.len()).unwrap_or(u32::MAX));
+    }
+    match plan.next {
+        Next::ModelCall(iteration) => Ok(Resumed::At(iteration)),
+        Next::Complete(finish_reason) => Ok(Resumed::Done(Completion {
+            finish_reason,
+            iterations: plan.iteration,
+        })),
+        Next::Tools(pending) => {
+            let turn_calls = plan
+                .assistant_messages
+                .last()
+                .map(|turn| turn.tool_calls.clone())
+                .unwrap_or_default();
+            run_tools(context, progress, &turn_calls, Some(pending)).await?;
+            Ok(Resumed::At(next_iteration))
+        }
+    }
+}
+
+/// Checks one turn's tool calls (doom loop, `max_tool_calls`), executes them and commits
+/// their results in the model's call order. For a resumed turn, `pending` says which calls are
+/// still unanswered and what the log holds of each: a logged result is committed as it is, an
+/// execution cut off is answered as interrupted (or executed again when its tool is
+/// idempotent), the others execute.
+async fn run_tools(
+    context: &RunContext,
+    progress: &mut Progress,
+    turn_calls: &[ToolCall],
+    pending: Option<PendingCalls>,
+) -> Result<(), RunFailure> {
+    let RunContext {
+        runtime,
+        record,
+        emitter,
+        in_flight,
+        ..
+    } = context;
+    let config = runtime.config();
+    let to_answer = pending
+        .as_ref()
+        .map_or_else(|| turn_calls.to_vec(), |p| p.calls.clone());
+    if let Some(description) = pending.as_ref().and_then(|p| p.doom_loop.clone()) {
+        skip_calls(
+            emitter,
+            record,
+            &to_answer,
+            "not executed: doom loop detected",
+        )
+        .await?;
+        return Err(RunFailure::DoomLoop(description));
+    }
+    if let Some(description) = progress
+        .doom_loop
+        .as_mut()
+        .and_then(|d| d.observe(turn_calls))
+    {
+        emitter
+            .emit(EventPayload::DoomLoopDetected(DoomLoopDetected {
+                description: description.clone(),
+            }))
+            .await?;
+        skip_calls(
+            emitter,
+            record,
+            &to_answer,
+            "not executed: doom loop detected",
+        )
+        .await?;
+        return Err(RunFailure::DoomLoop(description));
+    }
+    progress.tool_calls_made = progress
+        .tool_calls_made
+        .saturating_add(u32::try_from(turn_calls.len()).unwrap_or(u32::MAX));
+    if progress.tool_calls_made > config.max_tool_calls {
+        let reason = format!("the run reached max_tool_calls ({})", config.max_tool_calls);
+        skip_calls(
+            emitter,
+            record,
+            &to_answer,
+            &format!("not executed: {reason}"),
+        )
+        .await?;
+        return Err(RunFailure::Limit(reason));
+    }
+    let executions = futures::stream::iter(to_answer)
+        .map(|call| {
+            let execution = match &pending {
+                None => Execution::Run,
+                Some(pending) => {
+                    if let Some(result) = pending.finished.get(&call.id) {
+                        Execution::Logged(result.clone())
+                    } else if pending.started.contains(&call.id) {
+                        if runtime.tools().is_idempotent(&call.name) {
+                            Execution::Rerun
+                        } else {
+                            Execution::Interrupted
+                        }
+                    } else {
+                        Execution::Run
+                    }
+                }
+            };
+            tool_exec::execute_tool(runtime, emitter, in_flight, record, call, config, execution)
+        })
+        .buffered(config.tool_concurrency.max(1));
+    futures::pin_mut!(executions);
+    // Results are committed in the model's call order, whatever order the tools end in.
+    while let Some(execution) = executions.next().await {
+        let (call, content) = execution?;
+        let message = commit_tool_message(emitter, record, &call, content).await?;
+        progress.history.push(message);
+    }
+    Ok(())
 }
 
 /// A change that only moves the run to `status`.

@@ -80,9 +80,25 @@ fn millis(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Executes one tool call: `tool_execution_started`, the call (validated, with the timeout),
-/// `tool_execution_finished`. A call with invalid arguments is not executed: its result is a
-/// `Failure` quoting the start of its argument text. Returns the content of its tool message.
+/// How a tool call is answered.
+#[derive(Debug, Clone)]
+pub(super) enum Execution {
+    /// Executed: `tool_execution_started`, the call, `tool_execution_finished`.
+    Run,
+    /// Its execution was cut off by a crash and its tool is idempotent: executed again, with
+    /// only a `tool_execution_finished` (its `tool_execution_started` is in the log).
+    Rerun,
+    /// Its execution was cut off by a crash: not executed again; `tool_execution_finished`
+    /// with a `Failure` saying the outcome is unknown.
+    Interrupted,
+    /// Its `tool_execution_finished` is in the log already: its result is answered as logged.
+    Logged(ToolExecutionResult),
+}
+
+/// Executes one tool call (see [`Execution`]): `tool_execution_started`, the call (validated,
+/// with the timeout), `tool_execution_finished`. A call with invalid arguments is not
+/// executed: its result is a `Failure` quoting the start of its argument text. Returns the
+/// content of its tool message.
 pub(super) async fn execute_tool(
     runtime: &Runtime,
     emitter: &RunEmitter,
@@ -90,21 +106,43 @@ pub(super) async fn execute_tool(
     record: &RunRecord,
     call: ToolCall,
     config: &RuntimeConfig,
+    execution: Execution,
 ) -> Result<(ToolCall, Vec<ContentPart>), LogError> {
+    match execution {
+        Execution::Logged(result) => return Ok((call, tool_content(&result))),
+        Execution::Interrupted => {
+            let result = ToolExecutionResult::Failure(ToolFailure {
+                error: INTERRUPTED.to_owned(),
+            });
+            let content = tool_content(&result);
+            emitter
+                .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    result,
+                    duration_ms: 0,
+                }))
+                .await?;
+            return Ok((call, content));
+        }
+        Execution::Run | Execution::Rerun => {}
+    }
     // Registered in the same poll that queues the event: an abort cannot fall in between.
     in_flight.add(&call);
-    emitter
-        .emit_with(
-            EventPayload::ToolExecutionStarted(ToolExecutionStarted {
-                call_id: call.id.clone(),
-                tool_name: call.name.clone(),
-            }),
-            RunChange {
-                status: Some(RunStatus::WaitingForTools),
-                ..RunChange::default()
-            },
-        )
-        .await?;
+    if matches!(execution, Execution::Run) {
+        emitter
+            .emit_with(
+                EventPayload::ToolExecutionStarted(ToolExecutionStarted {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                }),
+                RunChange {
+                    status: Some(RunStatus::WaitingForTools),
+                    ..RunChange::default()
+                },
+            )
+            .await?;
+    }
     let started = Instant::now();
     let allowed = record
         .tools

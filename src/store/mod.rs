@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::{
     FinishReason, Message, MessageId, Role, RunId, RunRecord, RunStatus, Session, SessionId,
-    TokenUsage, ToolChoice,
+    Snapshot, TokenUsage, ToolChoice,
 };
 use crate::events::LoggedEvent;
 
@@ -86,6 +86,9 @@ pub enum StoreError {
     /// The database URL is neither `sqlite:` nor `postgres:`.
     #[error("unsupported database URL (use sqlite://PATH or postgres://…)")]
     UnsupportedUrl,
+    /// The run is not terminal (its snapshot cannot be deleted yet).
+    #[error("run {0} is still active")]
+    RunActive(RunId),
 }
 
 /// Shorthand for store results.
@@ -122,6 +125,69 @@ pub struct NewRun {
     pub request_hash: Option<String>,
     /// Creation time.
     pub created_at: DateTime<Utc>,
+    /// The creating process's lease on the run (none: unowned, any process may write it).
+    pub lease: Option<Lease>,
+}
+
+/// A process's lease on a run: only the owner writes the run's events, and renews the lease
+/// while the run lives; another process takes the run over once it has expired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The owning process's id (UUID v7, new at each start).
+    pub owner: String,
+    /// Expiry, in ms since the Unix epoch.
+    pub expires_ms: i64,
+}
+
+/// The milliseconds since the Unix epoch of `time` (lease expiries).
+#[must_use]
+pub fn unix_ms(time: DateTime<Utc>) -> i64 {
+    time.timestamp_millis()
+}
+
+/// A run taken over from a process whose lease expired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedRun {
+    /// The run as stored.
+    pub record: RunRecord,
+    /// A cancel was requested while another process owned it.
+    pub cancel_requested: bool,
+}
+
+/// What renewing a process's leases found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseRenewal {
+    /// The active runs the process still owns (their leases were extended).
+    pub owned: Vec<RunId>,
+    /// Those of them a cancel was requested for through the store (by another process).
+    pub cancel_requested: Vec<RunId>,
+}
+
+/// Filter and page of `list_snapshots`, newest run first.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotFilter {
+    /// Only snapshots of this session's runs.
+    pub session_id: Option<SessionId>,
+    /// Only snapshots in this status.
+    pub status: Option<RunStatus>,
+    /// Only runs older than this one (the cursor).
+    pub before: Option<RunId>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// The snapshot an iteration boundary writes, in the transaction of its `model_started` (the
+/// store adds the event's sequence, the status and the time).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SnapshotWrite {
+    /// The run's session.
+    pub session_id: SessionId,
+    /// The iteration that begins.
+    pub iteration: u32,
+    /// Usage so far, in tokens.
+    pub total_usage: TokenUsage,
+    /// Tool calls made so far.
+    pub tool_calls: u32,
 }
 
 /// Filter and page of `list_runs`, newest first.
@@ -160,6 +226,11 @@ pub struct RunChange {
     pub progress: Option<(u32, TokenUsage)>,
     /// A message the event announces (`assistant_message_committed`, `tool_message_committed`).
     pub message: Option<Message>,
+    /// The run's snapshot at an iteration boundary (`model_started`).
+    pub snapshot: Option<SnapshotWrite>,
+    /// Why the model stopped, recorded with the assistant message of a run's last turn so a
+    /// run resumed before its terminal event still knows it.
+    pub finish_reason: Option<FinishReason>,
 }
 
 /// The final state of a run, written with its terminal event.
@@ -192,8 +263,20 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<Vec<RunRecord>>;
 
     /// Appends events (any runs, each run's in sequence order) in one transaction, with their
-    /// [`RunChange`]s and terminal outcomes.
-    async fn append_events(&self, events: &[EventWrite]) -> StoreResult<()>;
+    /// [`RunChange`]s and terminal outcomes, without a lease check.
+    async fn append_events(&self, events: &[EventWrite]) -> StoreResult<()> {
+        self.append_events_as(None, events).await.map(|_| ())
+    }
+
+    /// Appends events like [`Store::append_events`], as the process `owner`: the events of a
+    /// run whose lease another process holds are not written (fencing: a process that lost a
+    /// run cannot write to its log); the others are, in one transaction. Returns the fenced
+    /// runs. `None` checks no lease.
+    async fn append_events_as(
+        &self,
+        owner: Option<&str>,
+        events: &[EventWrite],
+    ) -> StoreResult<Vec<RunId>>;
 
     /// Up to `limit` events of the run with `sequence > after`, in order.
     async fn read_events(
@@ -215,8 +298,64 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// The session, if it exists.
     async fn get_session(&self, id: SessionId) -> StoreResult<Option<Session>>;
 
+    /// True when only one process may use the store (SQLite): at startup, every run left
+    /// active belongs to a process that is gone.
+    fn single_process(&self) -> bool {
+        false
+    }
+
     /// Every run not in a terminal status (for recovery at startup).
     async fn active_runs(&self) -> StoreResult<Vec<RunRecord>>;
+
+    /// Takes over non-terminal runs not owned by `lease.owner` whose lease has expired at
+    /// `now_ms` (or that have none) — every one of them when `all` (a store only one process
+    /// uses, at startup) — giving them `lease`. At most `limit`, oldest first.
+    async fn claim_runs(
+        &self,
+        lease: &Lease,
+        now_ms: i64,
+        all: bool,
+        limit: u32,
+    ) -> StoreResult<Vec<ClaimedRun>>;
+
+    /// Takes over one run like [`Store::claim_runs`] (for a cancel of a run no process owns).
+    /// `None` when it is terminal, missing, or leased by a live owner.
+    async fn claim_run(
+        &self,
+        run_id: RunId,
+        lease: &Lease,
+        now_ms: i64,
+    ) -> StoreResult<Option<ClaimedRun>>;
+
+    /// Extends the lease of every active run `owner` holds to `expires_ms`.
+    async fn renew_leases(&self, owner: &str, expires_ms: i64) -> StoreResult<LeaseRenewal>;
+
+    /// Ends `owner`'s leases (at shutdown) so the next process takes its runs over at once.
+    async fn release_leases(&self, owner: &str) -> StoreResult<()>;
+
+    /// Records a cancel for the process that owns (or next takes over) an active run. False
+    /// when the run is terminal or missing.
+    async fn request_cancel(&self, run_id: RunId) -> StoreResult<bool>;
+
+    /// The run's snapshot, if one exists.
+    async fn get_snapshot(&self, run_id: RunId) -> StoreResult<Option<Snapshot>>;
+
+    /// A page of snapshots, newest run first.
+    async fn list_snapshots(&self, filter: &SnapshotFilter) -> StoreResult<Vec<Snapshot>>;
+
+    /// Deletes a finished run's snapshot; false when there is none.
+    ///
+    /// # Errors
+    /// [`StoreError::RunActive`] while the run is not terminal (nothing is deleted).
+    async fn delete_snapshot(&self, run_id: RunId) -> StoreResult<bool>;
+
+    /// Removes the events and snapshots of up to `limit` runs that ended before `ended_before`
+    /// (one transaction) and marks them `events_removed_at`; returns how many runs.
+    async fn remove_expired_events(
+        &self,
+        ended_before: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<u32>;
 
     /// A page of sessions, newest first, older than `before` when given.
     async fn list_sessions(

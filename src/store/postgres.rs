@@ -15,6 +15,9 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    /// Several replicas may share the database.
+    const SINGLE_PROCESS: bool = false;
+
     /// Connects to a `postgres://` URL and migrates the database.
     ///
     /// # Errors

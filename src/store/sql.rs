@@ -10,14 +10,18 @@ use uuid::Uuid;
 use super::{StoreError, StoreResult};
 use crate::domain::{
     FinishReason, Message, MessageId, Role, RunId, RunRecord, RunStatus, Session, SessionId,
-    TokenUsage,
+    Snapshot, TokenUsage,
 };
 use crate::events::LoggedEvent;
 
 pub(super) const RUN_COLUMNS: &str = "id, session_id, status, provider, model, tool_choice, \
      metadata, iterations, finish_reason, input_tokens, output_tokens, total_tokens, error, \
      tools, max_iterations, client_request_id, created_at, updated_at, reasoning_tokens, \
-     usage_estimated";
+     usage_estimated, events_removed_at";
+
+pub(super) const SNAPSHOT_COLUMNS: &str = "run_id, session_id, status, iteration, input_tokens, \
+     output_tokens, total_tokens, reasoning_tokens, usage_estimated, tool_calls, last_sequence, \
+     created_at";
 
 pub(super) const MESSAGE_COLUMNS: &str = "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at, \
      reasoning";
@@ -44,6 +48,58 @@ pub(super) struct RunRow {
     updated_at: DateTime<Utc>,
     reasoning_tokens: i64,
     usage_estimated: bool,
+    events_removed_at: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct SnapshotRow {
+    run_id: Uuid,
+    session_id: Uuid,
+    status: String,
+    iteration: i64,
+    input_tokens: i64,
+    output_tokens: i64,
+    total_tokens: i64,
+    reasoning_tokens: i64,
+    usage_estimated: bool,
+    tool_calls: i64,
+    last_sequence: i64,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<SnapshotRow> for Snapshot {
+    type Error = StoreError;
+
+    fn try_from(row: SnapshotRow) -> StoreResult<Self> {
+        Ok(Self {
+            run_id: RunId(row.run_id),
+            session_id: SessionId(row.session_id),
+            status: RunStatus::parse(&row.status).ok_or_else(|| corrupt("status", &row.status))?,
+            iteration: u32::try_from(row.iteration).unwrap_or(u32::MAX),
+            total_usage: TokenUsage {
+                input_tokens: count(row.input_tokens),
+                output_tokens: count(row.output_tokens),
+                total_tokens: count(row.total_tokens),
+                reasoning_tokens: count(row.reasoning_tokens),
+                estimated: row.usage_estimated,
+            },
+            tool_calls: u32::try_from(row.tool_calls).unwrap_or(u32::MAX),
+            last_sequence: count(row.last_sequence),
+            timestamp: row.created_at,
+        })
+    }
+}
+
+pub(super) fn snapshots(rows: Vec<SnapshotRow>) -> StoreResult<Vec<Snapshot>> {
+    rows.into_iter().map(TryInto::try_into).collect()
+}
+
+/// A claimed run with the cancel requested while nobody owned it.
+#[derive(sqlx::FromRow)]
+pub(super) struct ClaimRow {
+    #[sqlx(flatten)]
+    pub(super) run: RunRow,
+    pub(super) cancel_requested: bool,
 }
 
 fn corrupt(what: &str, value: impl std::fmt::Display) -> StoreError {
@@ -108,6 +164,7 @@ impl TryFrom<RunRow> for RunRecord {
             client_request_id: row.client_request_id,
             created_at: row.created_at,
             updated_at: row.updated_at,
+            events_removed_at: row.events_removed_at,
         })
     }
 }
@@ -210,6 +267,10 @@ macro_rules! impl_store {
     ($store:ty, $db:ty) => {
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {
+            fn single_process(&self) -> bool {
+                Self::SINGLE_PROCESS
+            }
+
             #[tracing::instrument(skip_all, fields(run_id = %run.id))]
             async fn create_run(
                 &self,
@@ -237,8 +298,10 @@ macro_rules! impl_store {
                 let inserted: Result<$crate::store::sql::RunRow, sqlx::Error> = sqlx::query_as(&format!(
                     "INSERT INTO runs (id, session_id, status, provider, model, tool_choice, metadata, \
                      iterations, input_tokens, output_tokens, total_tokens, tools, max_iterations, \
-                     client_request_id, request_hash, created_at, updated_at) \
-                     VALUES ($1, $2, 'pending', $3, $4, $5, $6, 0, 0, 0, 0, $7, $8, $9, $10, $11, $11) \
+                     client_request_id, request_hash, created_at, updated_at, lease_owner, \
+                     lease_expires_ms) \
+                     VALUES ($1, $2, 'pending', $3, $4, $5, $6, 0, 0, 0, 0, $7, $8, $9, $10, $11, $11, \
+                     $12, $13) \
                      RETURNING {RUN_COLUMNS}"
                 ))
                 .bind(run.id.0)
@@ -252,6 +315,8 @@ macro_rules! impl_store {
                 .bind(run.client_request_id.as_deref().map($crate::store::sql::text))
                 .bind(run.request_hash.as_deref())
                 .bind(run.created_at)
+                .bind(run.lease.as_ref().map(|lease| lease.owner.as_str()))
+                .bind(run.lease.as_ref().map(|lease| lease.expires_ms))
                 .fetch_one(&mut *tx)
                 .await;
                 let row = match inserted {
@@ -313,15 +378,56 @@ macro_rules! impl_store {
 
 
 
-            async fn append_events(
+            async fn append_events_as(
                 &self,
+                owner: Option<&str>,
                 events: &[$crate::store::EventWrite],
-            ) -> $crate::store::StoreResult<()> {
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::RunId>> {
                 use $crate::store::sql::to_i64;
                 if events.is_empty() {
-                    return Ok(());
+                    return Ok(Vec::new());
                 }
                 let mut tx = self.begin_write().await?;
+                // Fencing: only runs this process (still) holds the lease of are written. The
+                // UPDATE locks their rows (PostgreSQL), so no takeover commits in between.
+                let mut fenced = Vec::new();
+                let kept;
+                let events = if let Some(owner) = owner {
+                    let mut runs: Vec<uuid::Uuid> = events.iter().map(|w| w.run_id.0).collect();
+                    runs.sort_unstable();
+                    runs.dedup();
+                    let mut check = sqlx::QueryBuilder::<$db>::new(
+                        "UPDATE runs SET lease_owner = lease_owner WHERE (lease_owner IS NULL OR lease_owner = ",
+                    );
+                    check.push_bind(owner).push(") AND id IN (");
+                    let mut list = check.separated(", ");
+                    for run in &runs {
+                        list.push_bind(*run);
+                    }
+                    check.push(") RETURNING id");
+                    let owned: Vec<uuid::Uuid> =
+                        check.build_query_scalar().fetch_all(&mut *tx).await?;
+                    if owned.len() == runs.len() {
+                        events
+                    } else {
+                        fenced = runs
+                            .into_iter()
+                            .filter(|run| !owned.contains(run))
+                            .map($crate::domain::RunId)
+                            .collect();
+                        kept = events
+                            .iter()
+                            .filter(|w| !fenced.contains(&w.run_id))
+                            .cloned()
+                            .collect::<Vec<_>>();
+                        if kept.is_empty() {
+                            return Ok(fenced);
+                        }
+                        &kept[..]
+                    }
+                } else {
+                    events
+                };
                 // One multi-row INSERT per chunk keeps group commit to a few statements.
                 for chunk in events.chunks(200) {
                     let mut insert = sqlx::QueryBuilder::<$db>::new(
@@ -340,6 +446,16 @@ macro_rules! impl_store {
                     let change = &write.change;
                     if let Some(message) = &change.message {
                         Self::insert_message(&mut tx, message).await?;
+                    }
+                    if let Some(snapshot) = &change.snapshot {
+                        Self::upsert_snapshot(&mut tx, write, snapshot).await?;
+                    }
+                    if let Some(reason) = change.finish_reason {
+                        sqlx::query("UPDATE runs SET finish_reason = $2 WHERE id = $1")
+                            .bind(write.run_id.0)
+                            .bind(reason.as_str())
+                            .execute(&mut *tx)
+                            .await?;
                     }
                     if change.status.is_some() || change.progress.is_some() {
                         let (iterations, usage) = change.progress.unzip();
@@ -377,9 +493,23 @@ macro_rules! impl_store {
                     .bind(chrono::Utc::now())
                     .execute(&mut *tx)
                     .await?;
+                    // The snapshot of a finished run shows how it ended.
+                    sqlx::query(
+                        "UPDATE snapshots SET status = $2, last_sequence = $3, created_at = $4, \
+                         (iteration, input_tokens, output_tokens, total_tokens, reasoning_tokens, \
+                         usage_estimated) = (SELECT iterations, input_tokens, output_tokens, \
+                         total_tokens, reasoning_tokens, usage_estimated FROM runs WHERE id = $1) \
+                         WHERE run_id = $1",
+                    )
+                    .bind(write.run_id.0)
+                    .bind(outcome.status.as_str())
+                    .bind(to_i64(write.event.sequence))
+                    .bind(chrono::Utc::now())
+                    .execute(&mut *tx)
+                    .await?;
                 }
                 tx.commit().await?;
-                Ok(())
+                Ok(fenced)
             }
 
             async fn read_events(
@@ -511,6 +641,234 @@ macro_rules! impl_store {
                 .await?;
                 $crate::store::sql::runs(rows)
             }
+
+            async fn claim_runs(
+                &self,
+                lease: &$crate::store::Lease,
+                now_ms: i64,
+                all: bool,
+                limit: u32,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::ClaimedRun>> {
+                use $crate::store::sql::RUN_COLUMNS;
+                let mut tx = self.begin_write().await?;
+                let candidates: Vec<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM runs WHERE status NOT IN ('completed', 'failed', 'cancelled') \
+                     AND (lease_owner IS NULL OR lease_owner <> $1) \
+                     AND ($2 OR lease_owner IS NULL OR lease_expires_ms IS NULL OR lease_expires_ms < $3) \
+                     ORDER BY id LIMIT $4",
+                )
+                .bind(&lease.owner)
+                .bind(all)
+                .bind(now_ms)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+                let mut claimed = Vec::with_capacity(candidates.len());
+                for id in candidates {
+                    // Re-checked under the row lock: a concurrent claimer that won is skipped.
+                    let row: Option<$crate::store::sql::ClaimRow> = sqlx::query_as(&format!(
+                        "UPDATE runs SET lease_owner = $2, lease_expires_ms = $3 WHERE id = $1 \
+                         AND status NOT IN ('completed', 'failed', 'cancelled') \
+                         AND (lease_owner IS NULL OR lease_owner <> $2) \
+                         AND ($4 OR lease_owner IS NULL OR lease_expires_ms IS NULL OR lease_expires_ms < $5) \
+                         RETURNING {RUN_COLUMNS}, cancel_requested"
+                    ))
+                    .bind(id)
+                    .bind(&lease.owner)
+                    .bind(lease.expires_ms)
+                    .bind(all)
+                    .bind(now_ms)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if let Some(row) = row {
+                        claimed.push($crate::store::ClaimedRun {
+                            record: row.run.try_into()?,
+                            cancel_requested: row.cancel_requested,
+                        });
+                    }
+                }
+                tx.commit().await?;
+                Ok(claimed)
+            }
+
+            async fn claim_run(
+                &self,
+                run_id: $crate::domain::RunId,
+                lease: &$crate::store::Lease,
+                now_ms: i64,
+            ) -> $crate::store::StoreResult<Option<$crate::store::ClaimedRun>> {
+                use $crate::store::sql::RUN_COLUMNS;
+                let row: Option<$crate::store::sql::ClaimRow> = sqlx::query_as(&format!(
+                    "UPDATE runs SET lease_owner = $2, lease_expires_ms = $3 WHERE id = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled') \
+                     AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires_ms IS NULL \
+                     OR lease_expires_ms < $4) \
+                     RETURNING {RUN_COLUMNS}, cancel_requested"
+                ))
+                .bind(run_id.0)
+                .bind(&lease.owner)
+                .bind(lease.expires_ms)
+                .bind(now_ms)
+                .fetch_optional(&self.pool)
+                .await?;
+                row.map(|row| {
+                    Ok($crate::store::ClaimedRun {
+                        record: row.run.try_into()?,
+                        cancel_requested: row.cancel_requested,
+                    })
+                })
+                .transpose()
+            }
+
+            async fn renew_leases(
+                &self,
+                owner: &str,
+                expires_ms: i64,
+            ) -> $crate::store::StoreResult<$crate::store::LeaseRenewal> {
+                let rows: Vec<(uuid::Uuid, bool)> = sqlx::query_as(
+                    "UPDATE runs SET lease_expires_ms = $2 WHERE lease_owner = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled') \
+                     RETURNING id, cancel_requested",
+                )
+                .bind(owner)
+                .bind(expires_ms)
+                .fetch_all(&self.pool)
+                .await?;
+                let mut renewal = $crate::store::LeaseRenewal::default();
+                for (id, cancel_requested) in rows {
+                    let id = $crate::domain::RunId(id);
+                    renewal.owned.push(id);
+                    if cancel_requested {
+                        renewal.cancel_requested.push(id);
+                    }
+                }
+                Ok(renewal)
+            }
+
+            async fn release_leases(&self, owner: &str) -> $crate::store::StoreResult<()> {
+                sqlx::query(
+                    "UPDATE runs SET lease_expires_ms = 0 WHERE lease_owner = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled')",
+                )
+                .bind(owner)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn request_cancel(
+                &self,
+                run_id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<bool> {
+                let updated = sqlx::query(
+                    "UPDATE runs SET cancel_requested = TRUE WHERE id = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled')",
+                )
+                .bind(run_id.0)
+                .execute(&self.pool)
+                .await?;
+                Ok(updated.rows_affected() > 0)
+            }
+
+            async fn get_snapshot(
+                &self,
+                run_id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<Option<$crate::domain::Snapshot>> {
+                use $crate::store::sql::SNAPSHOT_COLUMNS;
+                let row: Option<$crate::store::sql::SnapshotRow> = sqlx::query_as(&format!(
+                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE run_id = $1"
+                ))
+                .bind(run_id.0)
+                .fetch_optional(&self.pool)
+                .await?;
+                row.map(TryInto::try_into).transpose()
+            }
+
+            async fn list_snapshots(
+                &self,
+                filter: &$crate::store::SnapshotFilter,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Snapshot>> {
+                use $crate::store::sql::SNAPSHOT_COLUMNS;
+                let mut query = sqlx::QueryBuilder::<$db>::new(format!(
+                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE 1 = 1"
+                ));
+                if let Some(session_id) = filter.session_id {
+                    query.push(" AND session_id = ").push_bind(session_id.0);
+                }
+                if let Some(status) = filter.status {
+                    query.push(" AND status = ").push_bind(status.as_str());
+                }
+                if let Some(before) = filter.before {
+                    query.push(" AND run_id < ").push_bind(before.0);
+                }
+                query.push(" ORDER BY run_id DESC LIMIT ").push_bind(i64::from(filter.limit));
+                let rows: Vec<$crate::store::sql::SnapshotRow> =
+                    query.build_query_as().fetch_all(&self.pool).await?;
+                $crate::store::sql::snapshots(rows)
+            }
+
+            async fn delete_snapshot(
+                &self,
+                run_id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<bool> {
+                let mut tx = self.begin_write().await?;
+                let status: Option<String> =
+                    sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
+                        .bind(run_id.0)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let terminal = status
+                    .as_deref()
+                    .and_then($crate::domain::RunStatus::parse)
+                    .is_none_or(|status| status.is_terminal());
+                if !terminal {
+                    return Err($crate::store::StoreError::RunActive(run_id));
+                }
+                let deleted = sqlx::query("DELETE FROM snapshots WHERE run_id = $1")
+                    .bind(run_id.0)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(deleted.rows_affected() > 0)
+            }
+
+            async fn remove_expired_events(
+                &self,
+                ended_before: chrono::DateTime<chrono::Utc>,
+                limit: u32,
+            ) -> $crate::store::StoreResult<u32> {
+                let mut tx = self.begin_write().await?;
+                let runs: Vec<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM runs WHERE status IN ('completed', 'failed', 'cancelled') \
+                     AND events_removed_at IS NULL AND updated_at < $1 ORDER BY updated_at LIMIT $2",
+                )
+                .bind(ended_before)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+                if runs.is_empty() {
+                    return Ok(0);
+                }
+                let now = chrono::Utc::now();
+                for statement in [
+                    "DELETE FROM events WHERE run_id IN (",
+                    "DELETE FROM snapshots WHERE run_id IN (",
+                    "UPDATE runs SET events_removed_at = ",
+                ] {
+                    let mut query = sqlx::QueryBuilder::<$db>::new(statement);
+                    if statement.starts_with("UPDATE") {
+                        query.push_bind(now).push(" WHERE id IN (");
+                    }
+                    let mut list = query.separated(", ");
+                    for run in &runs {
+                        list.push_bind(*run);
+                    }
+                    query.push(")");
+                    query.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(u32::try_from(runs.len()).unwrap_or(u32::MAX))
+            }
         }
     };
 }
@@ -539,6 +897,40 @@ macro_rules! impl_explain_conflict {
                 .bind(message.tool_name.as_deref().map($crate::store::sql::text))
                 .bind(message.created_at)
                 .bind(to_json(&message.reasoning)?)
+                .execute(connection)
+                .await?;
+                Ok(())
+            }
+
+            /// Writes the run's snapshot at an iteration boundary (one row per run).
+            async fn upsert_snapshot(
+                connection: &mut <$db as sqlx::Database>::Connection,
+                write: &$crate::store::EventWrite,
+                snapshot: &$crate::store::SnapshotWrite,
+            ) -> $crate::store::StoreResult<()> {
+                use $crate::store::sql::{SNAPSHOT_COLUMNS, to_i64};
+                let usage = snapshot.total_usage;
+                sqlx::query(&format!(
+                    "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) \
+                     VALUES ($1, $2, 'calling_model', $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                     ON CONFLICT (run_id) DO UPDATE SET status = excluded.status, \
+                     iteration = excluded.iteration, input_tokens = excluded.input_tokens, \
+                     output_tokens = excluded.output_tokens, total_tokens = excluded.total_tokens, \
+                     reasoning_tokens = excluded.reasoning_tokens, \
+                     usage_estimated = excluded.usage_estimated, tool_calls = excluded.tool_calls, \
+                     last_sequence = excluded.last_sequence, created_at = excluded.created_at"
+                ))
+                .bind(write.run_id.0)
+                .bind(snapshot.session_id.0)
+                .bind(i64::from(snapshot.iteration))
+                .bind(to_i64(usage.input_tokens))
+                .bind(to_i64(usage.output_tokens))
+                .bind(to_i64(usage.total_tokens))
+                .bind(to_i64(usage.reasoning_tokens))
+                .bind(usage.estimated)
+                .bind(i64::from(snapshot.tool_calls))
+                .bind(to_i64(write.event.sequence))
+                .bind(chrono::Utc::now())
                 .execute(connection)
                 .await?;
                 Ok(())

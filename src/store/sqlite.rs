@@ -18,6 +18,9 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// One process per database file (DESIGN.md: "SQLite is one process").
+    const SINGLE_PROCESS: bool = true;
+
     /// Opens (creating when missing) the database at a `sqlite://PATH` URL and migrates it.
     ///
     /// # Errors

@@ -30,6 +30,7 @@ impl Builtin {
                         "additionalProperties": false
                     }),
                     source: ToolSource::Builtin,
+                    idempotent: true,
                 },
             )),
             _ => Err(ToolSetupError::Invalid(format!(

@@ -139,6 +139,7 @@ mod tests {
     #[test]
     fn bad_header_is_named_without_value() {
         let config = HttpToolConfig {
+            idempotent: false,
             description: String::new(),
             url: "http://127.0.0.1:1/".to_owned(),
             parameters: serde_json::json!({"type": "object"}),

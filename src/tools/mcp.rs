@@ -68,7 +68,9 @@ pub(super) async fn connect(
     };
     let started = async {
         let service = match config {
-            McpServerConfig::Stdio { command, args, env } => {
+            McpServerConfig::Stdio {
+                command, args, env, ..
+            } => {
                 let mut child = tokio::process::Command::new(command);
                 // Belt and braces: rmcp kills the child when the session ends; this also covers
                 // a runtime shut down before that cleanup task runs.
@@ -80,7 +82,7 @@ pub(super) async fn connect(
                     .await
                     .map_err(|e| setup_error(format!("initialize failed: {e}")))?
             }
-            McpServerConfig::Http { url, headers } => {
+            McpServerConfig::Http { url, headers, .. } => {
                 // rmcp's HTTP client needs a process-wide rustls provider; an error only means
                 // one is installed already.
                 let _ = rustls::crypto::ring::default_provider().install_default();

@@ -58,6 +58,10 @@ pub struct ToolInfo {
     pub parameters: serde_json::Value,
     /// Where it comes from.
     pub source: ToolSource,
+    /// Safe to execute twice: a call cut off by a crash is executed again when its run resumes;
+    /// any other such call gets an "interrupted, outcome unknown" result (config `idempotent`,
+    /// `idempotent_tools`; built-in tools are).
+    pub idempotent: bool,
 }
 
 /// Why a tool call failed; the model sees the message as a `Failure` result.
@@ -193,8 +197,17 @@ impl ToolRegistry {
                 server: id.clone(),
                 transport: mcp::transport_name(config).to_owned(),
             };
+            let idempotent_tools = match config {
+                McpServerConfig::Stdio {
+                    idempotent_tools, ..
+                }
+                | McpServerConfig::Http {
+                    idempotent_tools, ..
+                } => idempotent_tools,
+            };
             for tool in tools {
                 let info = ToolInfo {
+                    idempotent: idempotent_tools.iter().any(|name| **name == *tool.name),
                     name: tool.name.to_string(),
                     description: tool.description.as_deref().unwrap_or_default().to_owned(),
                     parameters: serde_json::Value::Object((*tool.input_schema).clone()),
@@ -224,6 +237,7 @@ impl ToolRegistry {
                 source: ToolSource::Http {
                     url: config.url.clone(),
                 },
+                idempotent: config.idempotent,
             };
             self.register(info, Backend::Http(tool))?;
         }
@@ -276,6 +290,14 @@ impl ToolRegistry {
     #[must_use]
     pub fn contains(&self, name: &str) -> bool {
         self.tools.contains_key(name)
+    }
+
+    /// Whether the tool is safe to execute twice (false for unknown names).
+    #[must_use]
+    pub fn is_idempotent(&self, name: &str) -> bool {
+        self.tools
+            .get(name)
+            .is_some_and(|tool| tool.info.idempotent)
     }
 
     /// The tools to offer the model: all of them (sorted by name), or those named in `allow`
