@@ -21,7 +21,7 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -77,7 +77,9 @@ struct Plan {
     tag: String,
     input: String,
     steps: Vec<Step>,
-    hold: Option<(usize, Hold)>,
+    /// `(generation, step, hold)`: the reply to `step` is held while the server is the
+    /// `generation`th process (1: the first).
+    holds: Vec<(u32, usize, Hold)>,
 }
 
 impl Plan {
@@ -86,8 +88,17 @@ impl Plan {
             tag: tag.to_owned(),
             input: format!("job {tag}: use the tools, then answer"),
             steps,
-            hold,
+            holds: hold
+                .map(|(step, hold)| (1, step, hold))
+                .into_iter()
+                .collect(),
         }
+    }
+
+    /// Also holds the reply to `step` while the server is the `generation`th process.
+    fn hold_in(mut self, generation: u32, step: usize, hold: Hold) -> Self {
+        self.holds.push((generation, step, hold));
+        self
     }
 
     fn call_id(&self, step: usize, index: usize) -> String {
@@ -118,10 +129,11 @@ impl Plan {
         format!("Final answer for {}", self.tag)
     }
 
-    fn reply(&self, step: usize, before_kill: bool) -> Reply {
-        if before_kill
-            && let Some((held, hold)) = self.hold
-            && held == step
+    fn reply(&self, step: usize, generation: u32) -> Reply {
+        if let Some(&(_, _, hold)) = self
+            .holds
+            .iter()
+            .find(|(g, held, _)| *g == generation && *held == step)
         {
             return match hold {
                 Hold::Stall => Reply::stall_after(b""),
@@ -297,7 +309,8 @@ struct Harness {
     fake: FakeOpenAi,
     tools: ToolServer,
     plans: Arc<Mutex<HashMap<String, Plan>>>,
-    before_kill: Arc<AtomicBool>,
+    /// Which process is serving: 1 for the first, 2 after the first restart, …
+    generation: Arc<AtomicU32>,
 }
 
 impl Harness {
@@ -306,8 +319,8 @@ impl Harness {
         let fake = FakeOpenAi::start().await;
         let tools = ToolServer::start().await;
         let plans: Arc<Mutex<HashMap<String, Plan>>> = Arc::default();
-        let before_kill = Arc::new(AtomicBool::new(true));
-        let (responder_plans, responder_before) = (Arc::clone(&plans), Arc::clone(&before_kill));
+        let generation = Arc::new(AtomicU32::new(1));
+        let (responder_plans, responder_generation) = (Arc::clone(&plans), Arc::clone(&generation));
         fake.respond_with(move |request: &RecordedRequest| {
             let messages = request.body["messages"].as_array()?;
             let input = messages
@@ -316,7 +329,7 @@ impl Harness {
                 .map(|m| content_text(&m["content"]))?;
             let step = messages.iter().filter(|m| m["role"] == "assistant").count();
             let plan = lock(&responder_plans).get(&input).cloned()?;
-            Some(plan.reply(step, responder_before.load(Ordering::SeqCst)))
+            Some(plan.reply(step, responder_generation.load(Ordering::SeqCst)))
         });
         Some(Self {
             backend,
@@ -324,7 +337,7 @@ impl Harness {
             fake,
             tools,
             plans,
-            before_kill,
+            generation,
         })
     }
 
@@ -400,7 +413,8 @@ fn reached(point: KillPoint, run: &Tracked, watcher: &Watcher, tools: &ToolServe
 struct RunReport {
     events: usize,
     seen_before_kill: usize,
-    resumed: bool,
+    /// `run_resumed` events in its log.
+    resumes: usize,
     tools_executed: usize,
 }
 
@@ -491,7 +505,7 @@ async fn verify_run(
         "{what}: one run_started, first: {:?}",
         kinds(&full)
     );
-    let resumed = check_resume_markers(&what, &full);
+    let resumes = check_resume_markers(&what, &full);
     let last = full.last().expect("terminal").json();
     match recovery {
         Recovery::Resume => assert_eq!(
@@ -659,21 +673,21 @@ async fn verify_run(
     RunReport {
         events: full.len(),
         seen_before_kill: before.len(),
-        resumed,
+        resumes,
         tools_executed,
     }
 }
 
 /// Every `run_resumed` of a log: `abandoned_after` is the sequence of the last `model_started`
 /// before it when that call's assistant message was not committed (and the call is made again
-/// with a `model_started` of the same iteration), else null. True when the run was resumed.
-fn check_resume_markers(what: &str, full: &[Frame]) -> bool {
-    let mut resumed = false;
+/// with a `model_started` of the same iteration), else null. Returns how many there are.
+fn check_resume_markers(what: &str, full: &[Frame]) -> usize {
+    let mut resumed = 0;
     for (at, frame) in full.iter().enumerate() {
         if frame.event != "run_resumed" {
             continue;
         }
-        resumed = true;
+        resumed += 1;
         let payload = frame.json();
         assert!(
             at > 0,
@@ -865,7 +879,7 @@ async fn crash_at(backend: Backend, point: KillPoint, recovery: Recovery) {
     .await;
     first.kill().await;
     let executions_at_kill = h.tools.executions();
-    h.before_kill.store(false, Ordering::SeqCst);
+    h.generation.store(2, Ordering::SeqCst);
     h.tools.release();
     let requests_before = h.fake.requests().len();
 
@@ -979,7 +993,7 @@ async fn crash_at(backend: Backend, point: KillPoint, recovery: Recovery) {
         total_runs,
         reports.iter().map(|r| r.events).sum::<usize>(),
         reports.iter().map(|r| r.seen_before_kill).sum::<usize>(),
-        reports.iter().filter(|r| r.resumed).count(),
+        reports.iter().filter(|r| r.resumes > 0).count(),
         reports.iter().map(|r| r.tools_executed).sum::<usize>(),
         executions_at_kill.len(),
         requests_after,
@@ -1112,13 +1126,13 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
             );
         }
     }
-    h.before_kill.store(false, Ordering::SeqCst);
+    h.generation.store(2, Ordering::SeqCst);
     let requests_before = h.fake.requests().len();
     let second = h.server("restarted", "").await;
     let mut reports = Vec::new();
     for (run, before) in runs.iter().zip(&seen) {
         let report = verify_run(&h, &second, run, before, Recovery::Resume).await;
-        assert!(report.resumed, "{}: the run was resumed", run.plan.tag);
+        assert_eq!(report.resumes, 1, "{}: the run was resumed", run.plan.tag);
         reports.push(report);
     }
     assert_eq!(h.tools.count(&tool_marker), 1, "the slow tool ran once");
@@ -1134,10 +1148,129 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
         reports.len(),
         reports.iter().map(|r| r.events).sum::<usize>(),
         reports.iter().map(|r| r.seen_before_kill).sum::<usize>(),
-        reports.iter().filter(|r| r.resumed).count(),
+        reports.iter().filter(|r| r.resumes > 0).count(),
         reports.iter().map(|r| r.tools_executed).sum::<usize>(),
         requests_after
     );
+    drop(second);
+    drop(first);
+    h.cleanup().await;
+}
+
+/// Two crashes in a row: SIGKILL mid stream, restart, SIGKILL of the resumed runs (one mid
+/// stream again, one mid tool), restart: each run ends with two `run_resumed` in one log, and
+/// a watcher that follows it across both restarts (reconnecting with `Last-Event-ID`) sees
+/// every event exactly once.
+async fn crash_twice(backend: Backend) {
+    use Step::{Text, Tools};
+    let Some(h) = Harness::new(backend).await else {
+        return;
+    };
+    let began = Instant::now();
+    let plans = vec![
+        Plan::new(
+            "x1",
+            vec![Tools(vec![("quick", 0)]), Tools(vec![("quick", 0)]), Text],
+            Some((1, Hold::CutText)),
+        )
+        .hold_in(2, 2, Hold::CutText),
+        Plan::new(
+            "x2",
+            vec![
+                Tools(vec![("quick", 0)]),
+                Tools(vec![("slow", HELD_TOOL_MS)]),
+                Text,
+            ],
+            Some((1, Hold::CutText)),
+        ),
+    ];
+    let slow_marker = plans[1].marker(1, 0);
+    let mut first = h.server("first", "").await;
+    let (runs, watchers): (Vec<Tracked>, Vec<Watcher>) =
+        futures::future::join_all(plans.into_iter().map(|plan| h.start_run(&first, plan)))
+            .await
+            .into_iter()
+            .unzip();
+    wait_until("a text_delta in every run", WAIT, || {
+        watchers.iter().all(|w| w.saw("text_delta") > 0)
+    })
+    .await;
+    first.kill().await;
+    h.generation.store(2, Ordering::SeqCst);
+    let mut seen = Vec::new();
+    for (run, watcher) in runs.iter().zip(watchers) {
+        seen.push(
+            watcher
+                .finish(Duration::from_secs(10), &run.plan.tag)
+                .await
+                .0,
+        );
+    }
+
+    let mut second = h.server("restarted once", "").await;
+    let watchers: Vec<Watcher> = runs
+        .iter()
+        .zip(&seen)
+        .map(|(run, before)| {
+            Watcher::start(&second, &run.run_id, before.last().map(Frame::sequence))
+        })
+        .collect();
+    wait_until(
+        "x1 streaming its last reply and x2 in its slow tool, after the resume",
+        WAIT,
+        || watchers[0].saw("text_delta") > 0 && h.tools.count(&slow_marker) > 0,
+    )
+    .await;
+    second.kill().await;
+    let executions_at_kill = h.tools.executions();
+    h.generation.store(3, Ordering::SeqCst);
+    h.tools.release();
+    assert!(
+        executions_at_kill
+            .iter()
+            .any(|e| e.marker == slow_marker && !e.finished),
+        "the second kill came while {slow_marker} was executing: {executions_at_kill:?}"
+    );
+    let requests_before = h.fake.requests().len();
+    for ((run, watcher), before) in runs.iter().zip(watchers).zip(&mut seen) {
+        let (frames, _) = watcher.finish(Duration::from_secs(10), &run.plan.tag).await;
+        assert!(
+            frames.iter().any(|f| f.event == "run_resumed"),
+            "{}: the watcher of the second process saw the run resume: {:?}",
+            run.plan.tag,
+            kinds(&frames)
+        );
+        before.extend(frames);
+    }
+
+    let third = h.server("restarted twice", "").await;
+    let mut reports = Vec::new();
+    for (run, before) in runs.iter().zip(&seen) {
+        let report = verify_run(&h, &third, run, before, Recovery::Resume).await;
+        assert_eq!(report.resumes, 2, "{}: resumed twice", run.plan.tag);
+        reports.push(report);
+    }
+    assert_eq!(
+        h.tools.count(&slow_marker),
+        1,
+        "the cut slow tool never runs again"
+    );
+    let total_runs = assert_none_running(&third).await;
+    let requests_after = assert_valid_requests(&h.fake, requests_before);
+    println!(
+        "crash matrix [{:?}] two kills (mid stream, then mid stream and mid tool of the resumed \
+         runs): {} runs ({total_runs} listed, 0 running), {} events ({} seen before the second \
+         kill), {} run_resumed, {} tool executions, {requests_after} model requests after the \
+         last restart, all valid; {:.1} s",
+        h.backend,
+        reports.len(),
+        reports.iter().map(|r| r.events).sum::<usize>(),
+        reports.iter().map(|r| r.seen_before_kill).sum::<usize>(),
+        reports.iter().map(|r| r.resumes).sum::<usize>(),
+        reports.iter().map(|r| r.tools_executed).sum::<usize>(),
+        began.elapsed().as_secs_f64()
+    );
+    drop(third);
     drop(second);
     drop(first);
     h.cleanup().await;
@@ -1151,5 +1284,6 @@ on_both_backends!(
     kill_after_tool_result,
     recovery_fail_mid_model_stream,
     recovery_fail_mid_tool,
+    crash_twice,
     sigterm_mid_stream_then_resume,
 );
