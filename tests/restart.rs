@@ -1276,6 +1276,62 @@ async fn crash_twice(backend: Backend) {
     h.cleanup().await;
 }
 
+/// A second SIGTERM during the drain exits at once (the grace is long); the run mid stream is
+/// left non-terminal and resumes after a restart.
+async fn second_sigterm_exits_at_once(backend: Backend) {
+    let Some(h) = Harness::new(backend).await else {
+        return;
+    };
+    let mut first = h.server("first", "shutdown_grace_ms = 600000").await;
+    let plan = Plan::new(
+        "u1",
+        vec![Step::Tools(vec![("quick", 0)]), Step::Text],
+        Some((1, Hold::CutText)),
+    );
+    let (run, watcher) = h.start_run(&first, plan).await;
+    wait_until("a text_delta of the held stream", WAIT, || {
+        watcher.saw("text_delta") > 0
+    })
+    .await;
+    first.terminate().await;
+    let mut readyz = 0;
+    for _ in 0..200 {
+        readyz = first.get("/readyz").await.0;
+        if readyz == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(readyz, 503, "/readyz during the drain");
+    first.terminate().await;
+    let exit = first.wait_exit(Duration::from_secs(20)).await;
+    assert!(
+        exit.is_some(),
+        "a second SIGTERM exits at once, not after the 600 s grace"
+    );
+    let (before, _) = watcher.finish(Duration::from_secs(10), "u1").await;
+    assert!(
+        before.iter().all(|f| !TERMINAL.contains(&f.event.as_str())),
+        "no terminal event: {:?}",
+        kinds(&before)
+    );
+    h.generation.store(2, Ordering::SeqCst);
+    let requests_before = h.fake.requests().len();
+    let second = h.server("restarted", "").await;
+    let report = verify_run(&h, &second, &run, &before, Recovery::Resume).await;
+    assert_eq!(report.resumes, 1, "the run was resumed");
+    assert_none_running(&second).await;
+    let requests_after = assert_valid_requests(&h.fake, requests_before);
+    println!(
+        "crash matrix [{:?}] two SIGTERMs mid stream: exit {exit:?}; {} events ({} before), \
+         resumed, {requests_after} model requests after the restart, all valid",
+        h.backend, report.events, report.seen_before_kill
+    );
+    drop(second);
+    drop(first);
+    h.cleanup().await;
+}
+
 on_both_backends!(
     kill_after_create,
     kill_mid_model_stream,
@@ -1286,4 +1342,5 @@ on_both_backends!(
     recovery_fail_mid_tool,
     crash_twice,
     sigterm_mid_stream_then_resume,
+    second_sigterm_exits_at_once,
 );
