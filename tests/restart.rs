@@ -1095,6 +1095,7 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
         .wait_exit(Duration::from_millis(GRACE_MS) + Duration::from_secs(10))
         .await;
     assert!(exit.is_some(), "the server exits by itself after the grace");
+    let exit_code = exit.and_then(|status| status.code());
     let exited_after = began.elapsed();
     let mut seen = Vec::new();
     for (run, watcher) in runs.iter().zip(watchers) {
@@ -1140,7 +1141,7 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
     let requests_after = assert_valid_requests(&h.fake, requests_before);
     println!(
         "crash matrix [{:?}] SIGTERM mid stream and mid tool: drain checks done {:.1} s and exit \
-         ({exit:?}) {:.1} s after SIGTERM (grace {GRACE_MS} ms); {} runs, {} events ({} before \
+         (status {exit_code:?}) {:.1} s after SIGTERM (grace {GRACE_MS} ms); {} runs, {} events ({} before \
          the restart), {} resumed, {} tool executions, {} model requests after the restart, all valid",
         h.backend,
         checked_after.as_secs_f64(),
@@ -1309,6 +1310,7 @@ async fn second_sigterm_exits_at_once(backend: Backend) {
         exit.is_some(),
         "a second SIGTERM exits at once, not after the 600 s grace"
     );
+    let exit_code = exit.and_then(|status| status.code());
     let (before, _) = watcher.finish(Duration::from_secs(10), "u1").await;
     assert!(
         before.iter().all(|f| !TERMINAL.contains(&f.event.as_str())),
@@ -1323,7 +1325,7 @@ async fn second_sigterm_exits_at_once(backend: Backend) {
     assert_none_running(&second).await;
     let requests_after = assert_valid_requests(&h.fake, requests_before);
     println!(
-        "crash matrix [{:?}] two SIGTERMs mid stream: exit {exit:?}; {} events ({} before), \
+        "crash matrix [{:?}] two SIGTERMs mid stream: exit status {exit_code:?}; {} events ({} before), \
          resumed, {requests_after} model requests after the restart, all valid",
         h.backend, report.events, report.seen_before_kill
     );
