@@ -416,6 +416,47 @@ struct RunReport {
     /// `run_resumed` events in its log.
     resumes: usize,
     tools_executed: usize,
+    /// Its terminal event's type.
+    terminal: String,
+}
+
+/// Prints one line of the crash matrix (see it with `--nocapture`): every number in it was
+/// checked by then (no run left running, no event lost or duplicated, no tool executed twice
+/// but idempotent ones cut mid-call, every history valid).
+fn summary(
+    h: &Harness,
+    scenario: &str,
+    reports: &[RunReport],
+    total_runs: usize,
+    requests_after: usize,
+    began: Instant,
+) {
+    let mut ends: Vec<String> = Vec::new();
+    for kind in TERMINAL {
+        let n = reports.iter().filter(|r| r.terminal == kind).count();
+        if n > 0 {
+            ends.push(format!("{n} {}", kind.trim_start_matches("run_")));
+        }
+    }
+    let mut per_marker: HashMap<String, usize> = HashMap::new();
+    for execution in h.tools.executions().iter().filter(|e| e.tool == "idem") {
+        *per_marker.entry(execution.marker.clone()).or_default() += 1;
+    }
+    let idempotent_reruns: usize = per_marker.values().map(|n| n.saturating_sub(1)).sum();
+    println!(
+        "\ncrash matrix | {:<8} | {scenario:<44} | {} runs ({total_runs} listed): {}, 0 left \
+         running | {} events ({} seen before the stop), 0 lost, 0 duplicated | {} run_resumed | \
+         {} tool executions, none twice but {idempotent_reruns} idempotent re-run(s) | histories \
+         valid, {requests_after} model requests after the restart valid | {:.1} s",
+        format!("{:?}", h.backend),
+        reports.len(),
+        ends.join(", "),
+        reports.iter().map(|r| r.events).sum::<usize>(),
+        reports.iter().map(|r| r.seen_before_kill).sum::<usize>(),
+        reports.iter().map(|r| r.resumes).sum::<usize>(),
+        reports.iter().map(|r| r.tools_executed).sum::<usize>(),
+        began.elapsed().as_secs_f64()
+    );
 }
 
 fn message_text(message: &Value) -> String {
@@ -675,6 +716,7 @@ async fn verify_run(
         seen_before_kill: before.len(),
         resumes,
         tools_executed,
+        terminal: full.last().map(|f| f.event.clone()).unwrap_or_default(),
     }
 }
 
@@ -984,21 +1026,11 @@ async fn crash_at(backend: Backend, point: KillPoint, recovery: Recovery) {
         non_idempotent_twice.is_empty(),
         "tools executed twice: {non_idempotent_twice:?}"
     );
-    println!(
-        "crash matrix [{:?}] kill {point:?}, recovery {recovery:?}: {} runs ({} listed, 0 running), \
-         {} events ({} seen before the kill), {} resumed, {} tool executions ({} before the kill), \
-         {} model requests after the restart, all valid; {:.1} s",
-        h.backend,
-        reports.len(),
-        total_runs,
-        reports.iter().map(|r| r.events).sum::<usize>(),
-        reports.iter().map(|r| r.seen_before_kill).sum::<usize>(),
-        reports.iter().filter(|r| r.resumes > 0).count(),
-        reports.iter().map(|r| r.tools_executed).sum::<usize>(),
-        executions_at_kill.len(),
-        requests_after,
-        began.elapsed().as_secs_f64()
-    );
+    let scenario = match recovery {
+        Recovery::Resume => format!("SIGKILL {point:?}"),
+        Recovery::Fail => format!("SIGKILL {point:?}, recovery = fail"),
+    };
+    summary(&h, &scenario, &reports, total_runs, requests_after, began);
     drop(second);
     drop(first);
     h.cleanup().await;
@@ -1042,6 +1074,7 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
     let Some(h) = Harness::new(backend).await else {
         return;
     };
+    let started = Instant::now();
     let runtime = format!("shutdown_grace_ms = {GRACE_MS}");
     let mut first = h.server("first", &runtime).await;
     let streaming = Plan::new(
@@ -1090,7 +1123,6 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
     assert_eq!(status, 503, "POST /runs during the drain: {problem}");
     assert_eq!(problem["code"], "shutting_down", "{problem}");
     assert!(retry_after.is_some(), "503 shutting_down has Retry-After");
-    let checked_after = began.elapsed();
     let exit = first
         .wait_exit(Duration::from_millis(GRACE_MS) + Duration::from_secs(10))
         .await;
@@ -1137,21 +1169,18 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
         reports.push(report);
     }
     assert_eq!(h.tools.count(&tool_marker), 1, "the slow tool ran once");
-    assert_none_running(&second).await;
+    let total_runs = assert_none_running(&second).await;
     let requests_after = assert_valid_requests(&h.fake, requests_before);
-    println!(
-        "crash matrix [{:?}] SIGTERM mid stream and mid tool: drain checks done {:.1} s and exit \
-         (status {exit_code:?}) {:.1} s after SIGTERM (grace {GRACE_MS} ms); {} runs, {} events ({} before \
-         the restart), {} resumed, {} tool executions, {} model requests after the restart, all valid",
-        h.backend,
-        checked_after.as_secs_f64(),
-        exited_after.as_secs_f64(),
-        reports.len(),
-        reports.iter().map(|r| r.events).sum::<usize>(),
-        reports.iter().map(|r| r.seen_before_kill).sum::<usize>(),
-        reports.iter().filter(|r| r.resumes > 0).count(),
-        reports.iter().map(|r| r.tools_executed).sum::<usize>(),
-        requests_after
+    summary(
+        &h,
+        &format!(
+            "SIGTERM mid stream + mid tool (exit {exit_code:?} after {:.1} s)",
+            exited_after.as_secs_f64()
+        ),
+        &reports,
+        total_runs,
+        requests_after,
+        started,
     );
     drop(second);
     drop(first);
@@ -1258,18 +1287,13 @@ async fn crash_twice(backend: Backend) {
     );
     let total_runs = assert_none_running(&third).await;
     let requests_after = assert_valid_requests(&h.fake, requests_before);
-    println!(
-        "crash matrix [{:?}] two kills (mid stream, then mid stream and mid tool of the resumed \
-         runs): {} runs ({total_runs} listed, 0 running), {} events ({} seen before the second \
-         kill), {} run_resumed, {} tool executions, {requests_after} model requests after the \
-         last restart, all valid; {:.1} s",
-        h.backend,
-        reports.len(),
-        reports.iter().map(|r| r.events).sum::<usize>(),
-        reports.iter().map(|r| r.seen_before_kill).sum::<usize>(),
-        reports.iter().map(|r| r.resumes).sum::<usize>(),
-        reports.iter().map(|r| r.tools_executed).sum::<usize>(),
-        began.elapsed().as_secs_f64()
+    summary(
+        &h,
+        "SIGKILL twice (mid stream; mid stream + tool)",
+        &reports,
+        total_runs,
+        requests_after,
+        began,
     );
     drop(third);
     drop(second);
@@ -1283,6 +1307,7 @@ async fn second_sigterm_exits_at_once(backend: Backend) {
     let Some(h) = Harness::new(backend).await else {
         return;
     };
+    let started = Instant::now();
     let mut first = h.server("first", "shutdown_grace_ms = 600000").await;
     let plan = Plan::new(
         "u1",
@@ -1322,12 +1347,15 @@ async fn second_sigterm_exits_at_once(backend: Backend) {
     let second = h.server("restarted", "").await;
     let report = verify_run(&h, &second, &run, &before, Recovery::Resume).await;
     assert_eq!(report.resumes, 1, "the run was resumed");
-    assert_none_running(&second).await;
+    let total_runs = assert_none_running(&second).await;
     let requests_after = assert_valid_requests(&h.fake, requests_before);
-    println!(
-        "crash matrix [{:?}] two SIGTERMs mid stream: exit status {exit_code:?}; {} events ({} before), \
-         resumed, {requests_after} model requests after the restart, all valid",
-        h.backend, report.events, report.seen_before_kill
+    summary(
+        &h,
+        &format!("SIGTERM twice mid stream (exit {exit_code:?})"),
+        &[report],
+        total_runs,
+        requests_after,
+        started,
     );
     drop(second);
     drop(first);
