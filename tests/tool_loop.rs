@@ -380,7 +380,7 @@ async fn cancelling_a_hung_tool_leaves_a_usable_session(backend: Backend) {
     server.stop().await;
 }
 
-async fn a_shutdown_finishes_running_tools_and_answers_their_calls(backend: Backend) {
+async fn a_shutdown_leaves_a_run_mid_tool_resumable(backend: Backend) {
     let Some(Setup { fake, server, log }) = setup(backend, "").await else {
         return;
     };
@@ -398,16 +398,38 @@ async fn a_shutdown_finishes_running_tools_and_answers_their_calls(backend: Back
         assert!(Instant::now() < deadline, "the sleep tool was called");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The grace passes with the tool still running: the run stops where it is, resumable —
+    // nothing terminal is written.
     server.runtime.shutdown(Duration::from_millis(100)).await;
-    let frames = server.events(&run_id, None).await;
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "waiting_for_tools", "{run}");
+    let store = server.runtime.store().clone();
+    let logged = store
+        .read_events(run_id.parse().unwrap(), 0, 1000)
+        .await
+        .unwrap();
+    assert!(logged.iter().all(|e| !e.terminal), "no terminal event");
+
+    // The next process takes it over: the cut-off call (not idempotent) is answered as
+    // interrupted, not executed again, and the loop goes on to the model's answer.
+    fake.push(Reply::sse(&text_stream(&[
+        "Sorry, ",
+        "the sleep was cut off.",
+    ])));
+    let extra = tools_toml(log.path(), &lookup_server().await, "");
+    let next = TestServer::on_store(store, config_with(&fake.base_url(), &extra), None).await;
+    assert_eq!(next.runtime.recover().await.unwrap(), 1);
+    let frames = next.events(&run_id, None).await;
     let kinds = kinds(&frames);
-    let last = frames.last().unwrap();
-    assert_eq!(last.event, "run_failed", "{kinds:?}");
-    assert_eq!(last.json()["error_class"], "interrupted");
+    assert_eq!(frames.last().unwrap().event, "run_completed", "{kinds:?}");
+    let resumed = kinds.iter().position(|k| k == "run_resumed").unwrap();
+    assert_eq!(frames[resumed].json()["abandoned_after"], Value::Null);
+    assert_eq!(frames[resumed].json()["iteration"], 2);
     let finished = kinds
         .iter()
         .position(|k| k == "tool_execution_finished")
-        .expect("the running tool gets its tool_execution_finished");
+        .expect("the cut-off execution gets its tool_execution_finished");
+    assert!(resumed < finished, "{kinds:?}");
     let committed = kinds
         .iter()
         .position(|k| k == "tool_message_committed")
@@ -416,7 +438,7 @@ async fn a_shutdown_finishes_running_tools_and_answers_their_calls(backend: Back
     assert_eq!(
         kinds
             .iter()
-            .filter(|k| *k == "tool_execution_finished")
+            .filter(|k| *k == "tool_execution_started")
             .count(),
         1
     );
@@ -426,8 +448,25 @@ async fn a_shutdown_finishes_running_tools_and_answers_their_calls(backend: Back
             .unwrap()
             .starts_with("interrupted")
     );
-    let run = server.get_json(&format!("/runs/{run_id}")).await;
-    assert_eq!(run["finish_reason"], "error");
+    let calls = std::fs::read_to_string(log.path()).unwrap();
+    assert_eq!(calls.matches("called sleep").count(), 1, "{calls}");
+    for (at, frame) in frames.iter().enumerate() {
+        assert_eq!(frame.sequence(), at as u64 + 1, "contiguous");
+    }
+    // The model's second request answers the call once, as interrupted.
+    let history = fake.requests().last().unwrap().body["messages"].clone();
+    let tool = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()
+        .clone();
+    assert!(
+        tool["content"].as_str().unwrap().contains("interrupted"),
+        "{tool}"
+    );
+    next.stop().await;
     server.stop().await;
 }
 
@@ -435,7 +474,7 @@ on_both_backends!(
     a_multi_step_loop_through_mcp_and_http_tools,
     parallel_calls_are_committed_in_call_order,
     cancelling_a_hung_tool_leaves_a_usable_session,
-    a_shutdown_finishes_running_tools_and_answers_their_calls,
+    a_shutdown_leaves_a_run_mid_tool_resumable,
 );
 
 #[tokio::test]
