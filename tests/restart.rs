@@ -649,6 +649,23 @@ async fn verify_run(
             ));
         }
     }
+    let mut ids: Vec<&str> = calls.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        calls.len(),
+        "{what}: each tool call is stored once: {calls:?}"
+    );
+    let assistants = messages.iter().filter(|m| m["role"] == "assistant").count();
+    let committed = full
+        .iter()
+        .filter(|f| f.event == "assistant_message_committed")
+        .count();
+    assert_eq!(
+        assistants, committed,
+        "{what}: one stored assistant message per assistant_message_committed"
+    );
     let mut tools_executed = 0;
     for (id, tool, marker) in &calls {
         let answers: Vec<String> = messages
@@ -793,7 +810,9 @@ async fn assert_none_running(server: &ServerProcess) -> usize {
     runs.len()
 }
 
-/// The requests the fake got after the restart are valid OpenAI requests.
+/// The requests the fake got after the restart are valid OpenAI requests that send the
+/// history once: one user message (each run has its own session), each tool call once, each
+/// tool result once.
 fn assert_valid_requests(fake: &FakeOpenAi, from: usize) -> usize {
     let requests = fake.requests();
     for request in &requests[from..] {
@@ -801,6 +820,28 @@ fn assert_valid_requests(fake: &FakeOpenAi, from: usize) -> usize {
         assert!(
             violations.is_empty(),
             "a request after the restart breaks OpenAI's rules: {violations:?}\n{}",
+            request.body
+        );
+        let messages = request.body["messages"].as_array().expect("messages");
+        let users = messages.iter().filter(|m| m["role"] == "user").count();
+        assert_eq!(users, 1, "the input is sent once: {}", request.body);
+        let mut calls: Vec<&str> = messages
+            .iter()
+            .flat_map(|m| m["tool_calls"].as_array().into_iter().flatten())
+            .filter_map(|c| c["id"].as_str())
+            .collect();
+        let mut answers: Vec<&str> = messages
+            .iter()
+            .filter_map(|m| m["tool_call_id"].as_str())
+            .collect();
+        let (n_calls, n_answers) = (calls.len(), answers.len());
+        calls.sort_unstable();
+        calls.dedup();
+        answers.sort_unstable();
+        answers.dedup();
+        assert!(
+            calls.len() == n_calls && answers.len() == n_answers,
+            "each tool call and each result is sent once: {}",
             request.body
         );
     }
