@@ -1105,6 +1105,26 @@ async fn recovery_fail_mid_tool(backend: Backend) {
     crash_at(backend, KillPoint::MidTool, Recovery::Fail).await;
 }
 
+/// Polls `/readyz` after a SIGTERM until it answers 503 (at most 2 s): the listener must stay
+/// open during the drain. Returns the problem body.
+async fn readyz_while_draining(server: &ServerProcess) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match server.try_get("/readyz").await {
+            Ok((503, body)) => return body,
+            Ok((status, body)) => assert!(
+                Instant::now() < deadline,
+                "/readyz still answers {status} 2 s after SIGTERM: {body}"
+            ),
+            Err(error) => panic!(
+                "the listener closed at SIGTERM (GET /readyz: {error}); it must stay open during \
+                 the drain"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// SIGTERM with a run mid model stream (its reply held) and one mid tool (a 1 s tool): the
 /// listener stays open during the drain (a `GET` answers, `POST /runs` and `/readyz` answer 503
 /// `shutting_down`), the process exits by itself after the grace, both runs are left
@@ -1143,16 +1163,8 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
     let began = Instant::now();
     first.terminate().await;
     // The drain: the listener answers.
-    let mut readyz = (0, Value::Null);
-    for _ in 0..200 {
-        readyz = first.get("/readyz").await;
-        if readyz.0 == 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(readyz.0, 503, "/readyz during the drain: {}", readyz.1);
-    assert_eq!(readyz.1["code"], "shutting_down", "{}", readyz.1);
+    let readyz = readyz_while_draining(&first).await;
+    assert_eq!(readyz["code"], "shutting_down", "{readyz}");
     let (status, record) = first.get(&format!("/runs/{}", runs[0].run_id)).await;
     assert_eq!(status, 200, "a GET during the drain answers: {record}");
     let (status, retry_after, problem) = first
@@ -1361,15 +1373,7 @@ async fn second_sigterm_exits_at_once(backend: Backend) {
     })
     .await;
     first.terminate().await;
-    let mut readyz = 0;
-    for _ in 0..200 {
-        readyz = first.get("/readyz").await.0;
-        if readyz == 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(readyz, 503, "/readyz during the drain");
+    readyz_while_draining(&first).await;
     first.terminate().await;
     let exit = first.wait_exit(Duration::from_secs(20)).await;
     assert!(

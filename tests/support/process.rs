@@ -163,16 +163,23 @@ impl ServerProcess {
 
     /// `GET path` → (status, JSON body or `Null`).
     pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.try_get(path)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} ({}): {e}", self.name))
+    }
+
+    /// `GET path` → (status, JSON body or `Null`), or the transport error (e.g. connection
+    /// refused once the listener closed).
+    pub async fn try_get(&self, path: &str) -> Result<(u16, Value), reqwest::Error> {
         let response = self
             .client
             .get(self.url(path))
             .timeout(Duration::from_secs(10))
             .send()
-            .await
-            .unwrap_or_else(|e| panic!("GET {path} ({}): {e}", self.name));
+            .await?;
         let status = response.status().as_u16();
         let body = response.json().await.unwrap_or(Value::Null);
-        (status, body)
+        Ok((status, body))
     }
 
     /// `GET path`, expecting 200; the JSON body.
