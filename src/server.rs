@@ -1,7 +1,9 @@
 //! Startup and shutdown: open the store, build providers, recover runs left active by a
-//! previous process, serve HTTP until SIGINT/SIGTERM, then drain.
+//! previous process, serve HTTP until SIGINT/SIGTERM, then drain the runs while the listener
+//! stays open (a second signal exits at once).
 
 use std::collections::HashMap;
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,9 +35,6 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// How long active runs may go on after a shutdown signal before they are failed.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
 /// Builds the runtime of a configuration over an opened store.
 ///
 /// # Errors
@@ -64,7 +63,9 @@ pub fn runtime(
     ))
 }
 
-/// Serves the configuration until SIGINT/SIGTERM.
+/// Serves the configuration until SIGINT/SIGTERM, then drains: `runtime.shutdown` with
+/// `[runtime] shutdown_grace_ms` while the listener stays open (`/readyz` and new runs answer
+/// 503 `shutting_down`, open event streams end at once), then closes the listener.
 ///
 /// # Errors
 /// [`ServeError`] when the store, a provider or the listener fails.
@@ -96,40 +97,118 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
     });
-    let shutdown = CancellationToken::new();
-    let state = AppState::new(runtime.clone(), shutdown.clone());
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutdown signal received; draining");
-        signal.cancel();
-    });
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
-    runtime.shutdown(SHUTDOWN_GRACE).await;
+    // Cancelled at the first signal: open event streams end (no terminal event; clients
+    // reconnect with `Last-Event-ID` to the next process).
+    let streams_end = CancellationToken::new();
+    // Cancelled once the runs are drained: the listener closes.
+    let close_listener = CancellationToken::new();
+    let signalled = CancellationToken::new();
+    watch_signals(signalled.clone())?;
+    let state = AppState::new(runtime.clone(), streams_end.clone());
+    let mut serving = tokio::spawn(
+        axum::serve(listener, app(state))
+            .with_graceful_shutdown(close_listener.clone().cancelled_owned())
+            .into_future(),
+    );
+    tokio::select! {
+        () = signalled.cancelled() => {}
+        served = &mut serving => {
+            // The server stopped by itself (an accept loop error): stop the runs too.
+            runtime.shutdown(grace(&config)).await;
+            tools.shutdown().await;
+            return match served {
+                Ok(result) => result.map_err(ServeError::Io),
+                Err(error) => Err(std::io::Error::other(error).into()),
+            };
+        }
+    }
+    tracing::info!(
+        grace_ms = config.runtime.shutdown_grace_ms,
+        "draining: admitting no runs, the active ones stop at their next boundary (the \
+         listener stays open; a second signal exits at once)"
+    );
+    drain(&runtime, &streams_end, grace(&config)).await;
+    tracing::info!("runs drained (left resumable); closing the listener");
+    close_listener.cancel();
+    match serving.await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "the server ended with an error"),
+        Err(error) => tracing::warn!(%error, "the server task failed"),
+    }
     tools.shutdown().await;
+    tracing::info!("behest stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// The drain of a shutdown, while the listener stays open: stops admitting runs (`/readyz` and
+/// `POST /runs` answer 503 `shutting_down` from here on), ends the open event streams of the
+/// app whose `AppState` holds `streams_end` (no terminal event: clients reconnect with
+/// `Last-Event-ID` to the next process), and waits until every run stopped at its next
+/// boundary, or `grace` passed and the rest were stopped where they were (all resumable).
+pub async fn drain(runtime: &Runtime, streams_end: &CancellationToken, grace: Duration) {
+    // The drain's first step (no more runs admitted) happens at its first poll, before the
+    // event streams end: a client that reconnects at once is told this process is stopping.
+    let drain = runtime.shutdown(grace);
+    tokio::pin!(drain);
+    let drained = futures::poll!(drain.as_mut()).is_ready();
+    streams_end.cancel();
+    tracing::info!("event streams ended; clients reconnect with Last-Event-ID");
+    if !drained {
+        drain.await;
+    }
+}
+
+/// The drain's grace period (`[runtime] shutdown_grace_ms`).
+fn grace(config: &Config) -> Duration {
+    Duration::from_millis(config.runtime.shutdown_grace_ms)
+}
+
+/// Watches SIGINT/SIGTERM: the first cancels `signalled` (the drain begins); a second exits the
+/// process at once with status 130. Nothing is lost by that: every run is resumable from the
+/// store, and the next process takes it over.
+///
+/// # Errors
+/// When the signal handlers cannot be installed.
+fn watch_signals(signalled: CancellationToken) -> std::io::Result<()> {
     #[cfg(unix)]
     {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = terminate.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        tokio::spawn(async move {
+            loop {
+                let name = tokio::select! {
+                    _ = interrupt.recv() => "SIGINT",
+                    _ = terminate.recv() => "SIGTERM",
+                };
+                if signalled.is_cancelled() {
+                    exit_now(name);
                 }
+                tracing::info!(signal = name, "shutdown signal received");
+                signalled.cancel();
             }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
+        });
     }
     #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
+    tokio::spawn(async move {
+        loop {
+            if tokio::signal::ctrl_c().await.is_err() {
+                return;
+            }
+            if signalled.is_cancelled() {
+                exit_now("Ctrl-C");
+            }
+            signalled.cancel();
+        }
+    });
+    Ok(())
+}
+
+/// A second shutdown signal: stop now, without waiting for the drain.
+fn exit_now(signal: &str) -> ! {
+    tracing::warn!(
+        signal,
+        "second shutdown signal: exiting at once; active runs stay resumable by the next start"
+    );
+    std::process::exit(130);
 }

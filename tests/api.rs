@@ -103,6 +103,15 @@ async fn unknown_runs_are_404_run_not_found() {
         "run_not_found",
     )
     .await;
+    for uri in [
+        format!("/snapshots/{id}"),
+        "/snapshots/not-a-uuid".to_owned(),
+    ] {
+        api.problem("GET", &uri, None, 404, "snapshot_not_found")
+            .await;
+        api.problem("DELETE", &uri, None, 404, "snapshot_not_found")
+            .await;
+    }
     api.problem("GET", "/no/such/route", None, 404, "not_found")
         .await;
     api.problem("DELETE", "/runs", None, 405, "method_not_allowed")
@@ -220,6 +229,28 @@ async fn bad_cursors_and_queries_are_400() {
     }
     api.problem("GET", "/runs?session_id=nope", None, 400, "invalid_query")
         .await;
+    // `GET /snapshots` takes the same parameters, with the same answers.
+    api.problem(
+        "GET",
+        "/snapshots?cursor=garbage",
+        None,
+        400,
+        "invalid_cursor",
+    )
+    .await;
+    for (uri, field) in [
+        ("/snapshots?limit=0", "limit"),
+        ("/snapshots?limit=201", "limit"),
+        ("/snapshots?status=running", "status"),
+        ("/snapshots?session_id=nope", "session_id"),
+        ("/snapshots?colour=red", "colour"),
+    ] {
+        let problem = api.problem("GET", uri, None, 400, "invalid_query").await;
+        assert_eq!(problem["field"], field, "{uri}");
+    }
+    let (status, _, json) = api.call("GET", "/snapshots?status=completed", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(json, json!({"snapshots": [], "next_cursor": null}));
     let (status, _, json) = api
         .call("GET", "/runs?limit=200&status=completed", None)
         .await;

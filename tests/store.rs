@@ -471,6 +471,209 @@ async fn one_active_run_per_session_and_idempotency_keys(backend: Backend) {
     db.cleanup().await;
 }
 
+fn lease(owner: &str, expires_ms: i64) -> behest::store::Lease {
+    behest::store::Lease {
+        owner: owner.to_owned(),
+        expires_ms,
+    }
+}
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// A run created by `owner` with a lease expiring at `expires_ms`.
+async fn leased_run(store: &dyn Store, owner: &str, expires_ms: i64) -> RunId {
+    let mut run = new_run(SessionId::new(), true);
+    run.lease = Some(lease(owner, expires_ms));
+    store.create_run(&run).await.unwrap();
+    run.id
+}
+
+fn write(run_id: RunId, sequence: u64) -> EventWrite {
+    EventWrite {
+        run_id,
+        event: event(sequence, "text_delta", false),
+        outcome: None,
+        change: RunChange::default(),
+    }
+}
+
+async fn leases_claims_and_fencing(backend: Backend) {
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let store = store.as_ref();
+    let live = leased_run(store, "a", now_ms() + 60_000).await;
+    let expired = leased_run(store, "a", now_ms() - 1).await;
+
+    // Only the expired lease is taken over; a forced claim (a single-process store at
+    // startup) takes the live one too; a process never claims its own runs.
+    let claimed = store
+        .claim_runs(&lease("b", now_ms() + 60_000), now_ms(), false, 100)
+        .await
+        .unwrap();
+    let ids: Vec<RunId> = claimed.iter().map(|c| c.record.id).collect();
+    assert_eq!(ids, vec![expired]);
+    assert!(
+        store
+            .claim_runs(&lease("b", now_ms() + 60_000), now_ms(), false, 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a claimed run is not claimed again"
+    );
+    assert!(
+        store
+            .claim_run(live, &lease("b", now_ms() + 60_000), now_ms())
+            .await
+            .unwrap()
+            .is_none(),
+        "a live lease is not taken by a single claim either"
+    );
+
+    // Fencing: `a` lost `expired` to `b`; a batch with both runs writes only `live`'s event.
+    let fenced = store
+        .append_events_as(Some("a"), &[write(live, 1), write(expired, 1)])
+        .await
+        .unwrap();
+    assert_eq!(fenced, vec![expired]);
+    assert_eq!(store.last_sequence(live).await.unwrap(), 1);
+    assert_eq!(store.last_sequence(expired).await.unwrap(), 0);
+    let fenced = store
+        .append_events_as(Some("b"), &[write(expired, 1)])
+        .await
+        .unwrap();
+    assert!(fenced.is_empty());
+    assert_eq!(store.last_sequence(expired).await.unwrap(), 1);
+
+    // Renewal reports what the owner still holds and the cancels requested meanwhile.
+    assert!(store.request_cancel(live).await.unwrap());
+    let renewal = store.renew_leases("a", now_ms() + 60_000).await.unwrap();
+    assert_eq!(renewal.owned, vec![live]);
+    assert_eq!(renewal.cancel_requested, vec![live]);
+
+    // Released leases are taken over at once, with the cancel request.
+    store.release_leases("a").await.unwrap();
+    let claimed = store
+        .claim_runs(&lease("c", now_ms() + 60_000), now_ms(), false, 100)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].record.id, live);
+    assert!(claimed[0].cancel_requested);
+
+    // Forced: every non-terminal run not already this owner's.
+    let claimed = store
+        .claim_runs(&lease("d", now_ms() + 60_000), now_ms(), true, 100)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let terminal = EventWrite {
+        run_id: live,
+        event: event(2, "run_cancelled", true),
+        outcome: Some(RunOutcome {
+            status: RunStatus::Cancelled,
+            finish_reason: Some(FinishReason::Unknown),
+            error: None,
+        }),
+        change: RunChange::default(),
+    };
+    store.append_events(&[terminal]).await.unwrap();
+    assert!(!store.request_cancel(live).await.unwrap(), "terminal");
+    db.cleanup().await;
+}
+
+async fn snapshots_follow_boundaries_and_retention_removes_them(backend: Backend) {
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let store = store.as_ref();
+    let session = SessionId::new();
+    let run = new_run(session, true);
+    store.create_run(&run).await.unwrap();
+    assert!(store.get_snapshot(run.id).await.unwrap().is_none());
+    let usage = TokenUsage {
+        input_tokens: 10,
+        output_tokens: 5,
+        total_tokens: 15,
+        ..TokenUsage::default()
+    };
+    let boundary = |iteration: u32, sequence: u64| EventWrite {
+        run_id: run.id,
+        event: event(sequence, "model_started", false),
+        outcome: None,
+        change: RunChange {
+            status: Some(RunStatus::CallingModel),
+            progress: Some((iteration, usage)),
+            snapshot: Some(behest::store::SnapshotWrite {
+                session_id: session,
+                iteration,
+                total_usage: usage,
+                tool_calls: iteration - 1,
+            }),
+            ..RunChange::default()
+        },
+    };
+    store.append_events(&[boundary(1, 1)]).await.unwrap();
+    store.append_events(&[boundary(2, 2)]).await.unwrap();
+    let snapshot = store.get_snapshot(run.id).await.unwrap().unwrap();
+    assert_eq!(snapshot.status, RunStatus::CallingModel);
+    assert_eq!(snapshot.iteration, 2);
+    assert_eq!(snapshot.last_sequence, 2);
+    assert_eq!(snapshot.tool_calls, 1);
+    assert_eq!(snapshot.total_usage.total_tokens, 15);
+    assert!(matches!(
+        store.delete_snapshot(run.id).await,
+        Err(StoreError::RunActive(id)) if id == run.id
+    ));
+    let listed = store
+        .list_snapshots(&behest::store::SnapshotFilter {
+            session_id: Some(session),
+            status: Some(RunStatus::CallingModel),
+            before: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed, vec![snapshot]);
+
+    // The terminal event's transaction gives the snapshot the run's final status.
+    let terminal = EventWrite {
+        run_id: run.id,
+        event: event(3, "run_completed", true),
+        outcome: Some(RunOutcome {
+            status: RunStatus::Completed,
+            finish_reason: Some(FinishReason::Stop),
+            error: None,
+        }),
+        change: RunChange::default(),
+    };
+    store.append_events(&[terminal]).await.unwrap();
+    let finished = store.get_snapshot(run.id).await.unwrap().unwrap();
+    assert_eq!(finished.status, RunStatus::Completed);
+    assert_eq!(finished.last_sequence, 3);
+    assert_eq!(finished.iteration, 2);
+
+    // Retention: only runs that ended before the cutoff lose their events and snapshot.
+    let active = new_run(SessionId::new(), true);
+    store.create_run(&active).await.unwrap();
+    apply(store, active.id, 1, status(RunStatus::CallingModel)).await;
+    let past = Utc::now() - chrono::Duration::hours(1);
+    assert_eq!(store.remove_expired_events(past, 10).await.unwrap(), 0);
+    let later = Utc::now() + chrono::Duration::seconds(1);
+    assert_eq!(store.remove_expired_events(later, 10).await.unwrap(), 1);
+    assert_eq!(store.remove_expired_events(later, 10).await.unwrap(), 0);
+    assert_eq!(store.last_sequence(run.id).await.unwrap(), 0);
+    assert!(store.get_snapshot(run.id).await.unwrap().is_none());
+    let record = store.get_run(run.id).await.unwrap().unwrap();
+    assert!(record.events_removed_at.is_some());
+    assert_eq!(store.session_messages(session).await.unwrap().len(), 1);
+    assert_eq!(store.last_sequence(active.id).await.unwrap(), 1);
+    assert!(!store.delete_snapshot(run.id).await.unwrap(), "none left");
+    db.cleanup().await;
+}
+
 on_both_backends!(
     one_active_run_per_session_and_idempotency_keys,
     create_run_stores_session_run_and_user_message,
@@ -479,4 +682,6 @@ on_both_backends!(
     events_round_trip_and_terminal_outcome_is_atomic,
     messages_keep_order_parts_and_tool_calls,
     progress_and_active_runs,
+    leases_claims_and_fencing,
+    snapshots_follow_boundaries_and_retention_removes_them,
 );

@@ -37,9 +37,10 @@ pub struct Problem {
     pub run_status: Option<RunStatus>,
 }
 
-/// An error answered to a client.
+/// An error answered to a client: its problem document, and for a temporary refusal how many
+/// seconds to wait before retrying (the `Retry-After` header).
 #[derive(Debug, Clone, PartialEq)]
-pub struct ApiError(Box<Problem>);
+pub struct ApiError(Box<Problem>, Option<u32>);
 
 impl ApiError {
     /// A problem with status, code and detail.
@@ -47,16 +48,48 @@ impl ApiError {
     /// A detail longer than [`MAX_DETAIL_BYTES`] is cut there with a `… (truncated)` marker, so
     /// no client value is echoed at length.
     pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
-        Self(Box::new(Problem {
-            problem_type: "about:blank".to_owned(),
-            title: status.canonical_reason().unwrap_or("Error").to_owned(),
-            status: status.as_u16(),
-            detail: clip(detail.into(), MAX_DETAIL_BYTES),
-            code: code.to_owned(),
-            field: None,
-            run_id: None,
-            run_status: None,
-        }))
+        Self(
+            Box::new(Problem {
+                problem_type: "about:blank".to_owned(),
+                title: status.canonical_reason().unwrap_or("Error").to_owned(),
+                status: status.as_u16(),
+                detail: clip(detail.into(), MAX_DETAIL_BYTES),
+                code: code.to_owned(),
+                field: None,
+                run_id: None,
+                run_status: None,
+            }),
+            None,
+        )
+    }
+
+    /// Adds a `Retry-After` header of `seconds`.
+    #[must_use]
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.1 = Some(seconds);
+        self
+    }
+
+    /// 503 `shutting_down` with `Retry-After`: this process drains its runs and admits none;
+    /// the next process (or another replica) will.
+    #[must_use]
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down; retry shortly (the next process takes requests)",
+        )
+        .retry_after(SHUTDOWN_RETRY_AFTER_SECS)
+    }
+
+    /// 404 `snapshot_not_found`.
+    #[must_use]
+    pub fn snapshot_not_found(run_id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "snapshot_not_found",
+            format!("no snapshot of a run with id `{run_id}`"),
+        )
     }
 
     /// Names the offending field.
@@ -110,10 +143,14 @@ impl IntoResponse for ApiError {
         let status =
             StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (status, Json(self.0)).into_response();
-        response.headers_mut().insert(
+        let headers = response.headers_mut();
+        headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(seconds) = self.1 {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }
@@ -241,13 +278,15 @@ impl From<CreateRunError> for ApiError {
             CreateRunError::UnknownTool(_) => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_tool", detail).field("tools")
             }
-            CreateRunError::ShuttingDown => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", detail)
-            }
+            CreateRunError::ShuttingDown => Self::shutting_down(),
             CreateRunError::Store(error) => Self::internal(&error),
         }
     }
 }
+
+/// `Retry-After` of a `shutting_down` refusal, in seconds: about what a restart or a load
+/// balancer's switch to another replica takes.
+const SHUTDOWN_RETRY_AFTER_SECS: u32 = 5;
 
 /// Most bytes of a problem's `detail`; a longer one (one that would echo a long client value)
 /// is cut with a `… (truncated)` marker.

@@ -7,6 +7,7 @@ mod page;
 mod providers;
 mod runs;
 mod sessions;
+mod snapshots;
 mod system;
 mod tools;
 
@@ -71,6 +72,8 @@ impl std::ops::Deref for AppState {
     tags(
         (name = "runs", description = "RunService: create, list, read, cancel and watch runs."),
         (name = "sessions", description = "Sessions and their message history."),
+        (name = "snapshots", description = "SnapshotService: each run's state at its last iteration \
+                                            boundary, kept after it ends until retention removes it."),
         (name = "tools", description = "The tools runs may call."),
         (name = "providers", description = "The model providers runs may use."),
         (name = "system", description = "Health and the API description.")
@@ -89,6 +92,8 @@ fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(sessions::list_sessions))
         .routes(routes!(sessions::get_session, sessions::delete_session))
         .routes(routes!(sessions::list_session_messages))
+        .routes(routes!(snapshots::list_snapshots))
+        .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(tools::list_tools))
         .routes(routes!(providers::list_providers))
         .routes(routes!(system::get_health))

@@ -5,8 +5,11 @@
 use std::str::FromStr;
 
 use axum::http::StatusCode;
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use super::ApiError;
+use crate::domain::{RunId, RunStatus, SessionId};
 
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 200;
@@ -80,5 +83,50 @@ impl<Id: FromStr> Page<Id> {
         }
         items.truncate(keep);
         items.last().map(id)
+    }
+}
+
+/// Query of the lists keyed by run (`GET /runs`, `GET /snapshots`); an unknown parameter is 400
+/// `invalid_query`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct RunListQuery {
+    /// Only those of this session's runs.
+    #[param(value_type = Option<String>, format = Uuid)]
+    session_id: Option<String>,
+    /// Only those in this status.
+    pub status: Option<RunStatus>,
+    /// Page size, 1 to 200; default 50. A page may hold fewer when its records pass the
+    /// server's byte budget (`runtime.max_page_bytes`, default 1 MiB); `next_cursor` continues.
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// `next_cursor` of the previous page, unchanged (today the last run id of that page).
+    #[param(value_type = Option<String>, format = Uuid)]
+    cursor: Option<String>,
+}
+
+impl RunListQuery {
+    /// The validated page and session filter.
+    ///
+    /// # Errors
+    /// 400 as [`Page::parse`]; 400 `invalid_query` when `session_id` is not a UUID.
+    pub fn parse(&self) -> Result<(Page<RunId>, Option<SessionId>), ApiError> {
+        let page = Page::parse(self.limit, self.cursor.as_deref())?;
+        let session_id = self
+            .session_id
+            .as_deref()
+            .map(|raw| {
+                raw.parse().map_err(|_| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_query",
+                        "session_id is not a UUID",
+                    )
+                    .field("session_id")
+                })
+            })
+            .transpose()?;
+        Ok((page, session_id))
     }
 }

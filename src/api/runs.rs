@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{Json, Query};
-use super::page::Page;
+use super::page::RunListQuery;
 use super::{ApiError, AppState, Problem};
 use crate::domain::{
     CreateRunRequest, CreateRunResponse, FinishReason, Role, RunId, RunOutput, RunRecord, RunStatus,
@@ -114,6 +114,8 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
         (status = 409, description = "`session_busy` (with the active `run_id`), `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`shutting_down`: the server is draining its runs before it stops and admits none; retry after `Retry-After` seconds (the next process, or another replica, takes the run)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 422, description = "`missing_field` (a required field is absent), `invalid_field` (empty or blank, NUL character, `metadata` not an object or over 16384 bytes, `max_iterations` out of range, `tool_choice` without tools), `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body` (not a JSON object, a field of the wrong type, an unknown field); `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run(
@@ -150,6 +152,9 @@ pub async fn create_run(
         (status = 409, description = "`session_busy`, `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`run_events_expired`: an identical earlier request created the run, which has ended and whose events retention removed (`GET /runs/{run_id}` still answers)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`shutting_down`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 422, description = "As `POST /runs`: `missing_field`, `invalid_field`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run_stream(
@@ -158,29 +163,13 @@ pub async fn create_run_stream(
     Json(request): Json<CreateRunRequest>,
 ) -> Result<Response, ApiError> {
     let created = start_run(&state, &headers, request).await?;
+    if created.record.events_removed_at.is_some() {
+        return Err(events_expired(&created.record));
+    }
     // A retry with the same key attaches to the existing run's stream, from sequence 1.
     let mut response = event_stream(&state, created.record.id, 0);
     response.headers_mut().extend(run_headers(&created)?);
     Ok(response)
-}
-
-/// Query of `GET /runs`; an unknown parameter is 400 `invalid_query`.
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct ListRunsQuery {
-    /// Only runs of this session.
-    #[param(value_type = Option<String>, format = Uuid)]
-    session_id: Option<String>,
-    /// Only runs in this status.
-    status: Option<RunStatus>,
-    /// Page size, 1 to 200; default 50. A page may hold fewer when its records pass the
-    /// server's byte budget (`runtime.max_page_bytes`, default 1 MiB); `next_cursor` continues.
-    #[param(minimum = 1, maximum = 200)]
-    limit: Option<u32>,
-    /// `next_cursor` of the previous page, unchanged (today the last run id of that page).
-    #[param(value_type = Option<String>, format = Uuid)]
-    cursor: Option<String>,
 }
 
 /// A page of runs, newest first (proto `ListRunsResponse`).
@@ -194,30 +183,16 @@ pub struct ListRunsResponse {
 
 /// List runs, newest first, optionally by session and status (proto `RunService.ListRuns`).
 #[utoipa::path(get, path = "/runs", tag = "runs",
-    params(ListRunsQuery),
+    params(RunListQuery),
     responses(
         (status = 200, description = "A page of runs", body = ListRunsResponse),
         (status = 400, description = "`invalid_cursor` (not a cursor this server returned); `invalid_query` (`limit` out of 1–200, unknown `status`, `session_id` not a UUID, an unknown parameter)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn list_runs(
     State(state): State<AppState>,
-    Query(query): Query<ListRunsQuery>,
+    Query(query): Query<RunListQuery>,
 ) -> Result<axum::Json<ListRunsResponse>, ApiError> {
-    let page = Page::<RunId>::parse(query.limit, query.cursor.as_deref())?;
-    let session_id = query
-        .session_id
-        .as_deref()
-        .map(|raw| {
-            raw.parse().map_err(|_| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_query",
-                    "session_id is not a UUID",
-                )
-                .field("session_id")
-            })
-        })
-        .transpose()?;
+    let (page, session_id) = query.parse()?;
     let filter = RunFilter {
         session_id,
         status: query.status,
@@ -389,6 +364,8 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
 
 /// Watch a run's events (proto `RunService.WatchRunEvents`): replay after the cursor, then live,
 /// each sequence exactly once, ending after the terminal event. Keep-alive comments every ~15 s.
+/// When the server shuts down the stream ends early, with no terminal event: reconnect with
+/// `Last-Event-ID` (as `EventSource` does by itself) to continue at the next process, gaplessly.
 #[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",
     params(
         ("run_id" = String, Path, description = "Run id"),
@@ -401,6 +378,7 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
         (status = 204, description = "The cursor is at or past the terminal event of a finished run: nothing more will come"),
         (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`run_events_expired`: the run ended more than `[runtime] event_retention_secs` ago and its events were removed (its record, session and messages are kept)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn watch_run_events(
     State(state): State<AppState>,
@@ -417,6 +395,9 @@ pub async fn watch_run_events(
         Some(raw) => parse_cursor(raw)?,
     };
     let record = load_run(&state, &raw_id).await?;
+    if record.events_removed_at.is_some() {
+        return Err(events_expired(&record));
+    }
     if record.status.is_terminal() {
         let last = state.runtime.store().last_sequence(record.id).await?;
         if after >= last {
@@ -424,6 +405,17 @@ pub async fn watch_run_events(
         }
     }
     Ok(event_stream(&state, record.id, after))
+}
+
+/// 410 `run_events_expired` for a run whose events retention removed.
+fn events_expired(record: &RunRecord) -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "run_events_expired",
+        "the run's events were removed by retention after it ended; the run record, its \
+         session and messages are kept",
+    )
+    .run(record.id, Some(record.status))
 }
 
 /// The SSE response of a watch: frames `id:`/`event:`/`data:`, keep-alives, no caching or

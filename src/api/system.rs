@@ -26,18 +26,19 @@ pub async fn get_health() -> Json<Health> {
 }
 
 /// Readiness: the store answers and the server is not shutting down.
+///
+/// From the first moment of
+/// a shutdown (SIGTERM/SIGINT) this answers 503 `shutting_down`, so a load balancer stops
+/// sending traffic while the process drains its runs (its listener stays open meanwhile).
 #[utoipa::path(get, path = "/readyz", tag = "system",
     responses(
         (status = 200, description = "Ready to take runs", body = Health),
-        (status = 503, description = "Not ready", body = Problem, content_type = "application/problem+json")
+        (status = 503, description = "Not ready: `shutting_down` (with `Retry-After`: the process drains its runs and admits none), `store_unavailable` (the database does not answer)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = Option<String>, description = "With `shutting_down`: seconds to wait before retrying")))
     ))]
 pub async fn get_readiness(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     if state.runtime.is_stopping() {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
-            "the server is shutting down",
-        ));
+        return Err(ApiError::shutting_down());
     }
     // A cheap read proves the store answers.
     state

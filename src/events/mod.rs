@@ -316,7 +316,9 @@ pub struct RunResumed {
     /// The `sequence` of the `model_started` whose call was cut off, or null. Every
     /// `text_delta`, `reasoning_delta`, `tool_call_started`, `tool_call_delta`,
     /// `tool_call_completed`, `usage_recorded` and `cache_metrics` event after it and before
-    /// this one belongs to that abandoned call: a client drops its text and tool calls. The call
+    /// this one belongs to that abandoned call (a tool call it had begun is completed there with
+    /// its argument text so far as `invalid_arguments`): a client drops its text and tool
+    /// calls, none of which is executed. The call
     /// is made again (a new `model_started` with the same `iteration`); nothing of the abandoned
     /// one was stored as a message, so `GET /runs/{id}/output` never contains it.
     pub abandoned_after: Option<u64>,

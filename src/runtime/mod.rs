@@ -5,6 +5,7 @@ mod doom_loop;
 mod event_log;
 mod model_turn;
 mod recovery;
+mod retention;
 mod run_loop;
 pub mod tokens;
 mod tool_exec;
@@ -182,6 +183,7 @@ impl Runtime {
             stop: CancellationToken::new(),
         });
         tokio::spawn(recovery::lease_loop(Arc::downgrade(&runtime), ttl));
+        tokio::spawn(retention::sweep_loop(Arc::downgrade(&runtime)));
         runtime
     }
 

@@ -458,6 +458,12 @@ async fn resume(context: &RunContext, progress: &mut Progress) -> Result<Resumed
         Next::Tools(_) => plan.iteration.saturating_add(1),
         Next::Complete(_) => plan.iteration,
     };
+    if plan.abandoned_after.is_some() {
+        // Calls the cut-off stream had begun are completed (as invalid: their argument text so
+        // far), so every `tool_call_started` has its `tool_call_completed`; they belong to the
+        // abandoned call, before `run_resumed`, and are never executed.
+        tool_exec::complete_logged_calls(store.as_ref(), &context.emitter, record.id).await?;
+    }
     context
         .emitter
         .emit(EventPayload::RunResumed(RunResumed {

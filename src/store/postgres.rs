@@ -17,6 +17,8 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// Several replicas may share the database.
     const SINGLE_PROCESS: bool = false;
+    /// Rows read for a check that must hold until the commit (fencing) are share-locked.
+    const ROW_LOCK: &str = " FOR SHARE";
 
     /// Connects to a `postgres://` URL and migrates the database.
     ///

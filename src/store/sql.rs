@@ -389,7 +389,8 @@ macro_rules! impl_store {
                 }
                 let mut tx = self.begin_write().await?;
                 // Fencing: only runs this process (still) holds the lease of are written. The
-                // UPDATE locks their rows (PostgreSQL), so no takeover commits in between.
+                // check holds until the commit: SQLite's write transaction excludes every other
+                // writer; PostgreSQL's `FOR SHARE` row locks make a takeover wait for it.
                 let mut fenced = Vec::new();
                 let kept;
                 let events = if let Some(owner) = owner {
@@ -397,14 +398,14 @@ macro_rules! impl_store {
                     runs.sort_unstable();
                     runs.dedup();
                     let mut check = sqlx::QueryBuilder::<$db>::new(
-                        "UPDATE runs SET lease_owner = lease_owner WHERE (lease_owner IS NULL OR lease_owner = ",
+                        "SELECT id FROM runs WHERE (lease_owner IS NULL OR lease_owner = ",
                     );
                     check.push_bind(owner).push(") AND id IN (");
                     let mut list = check.separated(", ");
                     for run in &runs {
                         list.push_bind(*run);
                     }
-                    check.push(") RETURNING id");
+                    check.push(")").push(Self::ROW_LOCK);
                     let owned: Vec<uuid::Uuid> =
                         check.build_query_scalar().fetch_all(&mut *tx).await?;
                     if owned.len() == runs.len() {

@@ -20,6 +20,8 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// One process per database file (DESIGN.md: "SQLite is one process").
     const SINGLE_PROCESS: bool = true;
+    /// No row locks: a write transaction (`BEGIN IMMEDIATE`) excludes every other writer.
+    const ROW_LOCK: &str = "";
 
     /// Opens (creating when missing) the database at a `sqlite://PATH` URL and migrates it.
     ///

@@ -12,7 +12,7 @@ const EVENT_TYPES = [
   'tool_execution_started', 'tool_execution_finished', 'assistant_message_committed',
   'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
   'run_cancelled', 'doom_loop_detected', 'compaction_started', 'compaction_completed',
-  'compaction_failed', 'compaction_circuit_opened',
+  'compaction_failed', 'compaction_circuit_opened', 'run_resumed',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -223,6 +223,13 @@ async function openSession(sessionId) {
 }
 
 async function openRun(run) {
+  if (run.events_removed_at) {
+    // Retention removed the run's events (its stream answers 410): show its session instead.
+    await openSession(run.session_id);
+    note($('transcript'), 'muted', 'The events of run …' + short(run.id)
+      + ' were removed by retention; its messages are shown above.');
+    return;
+  }
   closeView();
   setState('loading…', 'loading');
   chooseSession(run.session_id);
@@ -261,7 +268,13 @@ function watch(runId, transcript) {
     if (event.sequence <= current.lastSeq) return;
     current.lastSeq = event.sequence;
     transcript.dataset.lastSequence = String(event.sequence);
+    const shown = transcript.children.length;
     apply(current, transcript, event);
+    // What each event added is tagged with its sequence, so a `run_resumed` can take back what
+    // an abandoned model call showed.
+    for (const node of Array.from(transcript.children).slice(shown)) {
+      node.dataset.sequence = String(event.sequence);
+    }
   };
   for (const type of EVENT_TYPES) es.addEventListener(type, handle);
   es.onopen = () => {
@@ -332,6 +345,20 @@ function apply(current, transcript, event) {
     case 'compaction_failed':
     case 'compaction_circuit_opened':
       note(transcript, 'muted', event.type.replace(/_/g, ' '));
+      break;
+    case 'run_resumed':
+      // The server restarted. The model call that began at `abandoned_after` was cut off and is
+      // made again: drop what the console showed of it (its text, tool calls, usage).
+      if (event.abandoned_after != null) {
+        for (const node of Array.from(transcript.children)) {
+          if (Number(node.dataset.sequence) > event.abandoned_after) node.remove();
+        }
+        for (const [id, card] of current.tools) {
+          if (!card.card.isConnected) current.tools.delete(id);
+        }
+      }
+      current.bubble = null;
+      note(transcript, 'muted', 'The server restarted; the run goes on.');
       break;
     case 'run_failed':
       note(transcript, 'error', 'Run failed' + (event.error_class ? ' (' + event.error_class + ')' : '')
