@@ -226,9 +226,22 @@ impl Reply {
     }
 }
 
+/// Chooses the reply to a request (`None`: the queue's next reply, else the default).
+type ResponderFn = dyn Fn(&RecordedRequest) -> Option<Reply> + Send + Sync;
+
+#[derive(Clone)]
+struct Responder(Arc<ResponderFn>);
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Responder")
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
+    responder: Mutex<Option<Responder>>,
     requests: Mutex<Vec<RecordedRequest>>,
     /// Response bodies dropped before they ended: the client closed the connection.
     abandoned: std::sync::atomic::AtomicUsize,
@@ -299,6 +312,16 @@ impl FakeOpenAi {
         self
     }
 
+    /// Answers each request with what `responder` returns for it (e.g. by the conversation's
+    /// first user message, for concurrent runs); when it returns `None`, the queue answers.
+    pub fn respond_with(
+        &self,
+        responder: impl Fn(&RecordedRequest) -> Option<Reply> + Send + Sync + 'static,
+    ) -> &Self {
+        *lock(&self.shared.responder) = Some(Responder(Arc::new(responder)));
+        self
+    }
+
     /// How many response bodies the client abandoned (closed the connection before their end).
     pub fn abandoned(&self) -> usize {
         self.shared
@@ -343,12 +366,17 @@ fn answer(
     default: impl FnOnce() -> Reply,
 ) -> Response {
     let body = serde_json::from_slice(body).unwrap_or(Value::Null);
-    lock(&shared.requests).push(RecordedRequest {
+    let request = RecordedRequest {
         path: path.to_owned(),
         headers,
         body,
-    });
-    let reply = lock(&shared.replies).pop_front().unwrap_or_else(default);
+    };
+    lock(&shared.requests).push(request.clone());
+    let responder = lock(&shared.responder).clone();
+    let reply = responder
+        .and_then(|responder| (responder.0)(&request))
+        .or_else(|| lock(&shared.replies).pop_front())
+        .unwrap_or_else(default);
     reply.into_response(Arc::clone(shared))
 }
 

@@ -10,6 +10,7 @@
 pub mod db;
 pub mod fake_anthropic;
 pub mod fake_openai;
+pub mod process;
 pub mod schema;
 pub mod server;
 pub mod validate;
