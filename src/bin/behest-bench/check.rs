@@ -1,6 +1,9 @@
 //! The hard check: every stream the driver reads has contiguous sequences from the cursor, the
 //! fake's tokens in order and once each, exactly one terminal event and nothing after it; all
-//! watchers of one run see the same content. Any violation fails the command.
+//! watchers of one run see the same content. Any violation fails the command. A run resumed
+//! after a crash (`run_resumed`) may abandon the model call it was streaming: the text of that
+//! call (after the `model_started` that `abandoned_after` names) is dropped, and the call's
+//! tokens start again from the first.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -69,8 +72,10 @@ pub struct StreamSummary {
     pub last_sequence: u64,
     /// The terminal event's type, if one arrived.
     pub terminal: Option<String>,
-    /// Text deltas read.
+    /// Text deltas read (those of an abandoned model call left out).
     pub tokens: u32,
+    /// `run_resumed` events read.
+    pub resumed: u32,
     /// Hash of every frame's id, type and data, in order.
     pub hash: u64,
     /// What was wrong.
@@ -84,6 +89,10 @@ pub struct StreamCheck {
     check_tokens: bool,
     hasher: DefaultHasher,
     summary: StreamSummary,
+    /// The stream's cursor: it reads the events after this sequence.
+    after: u64,
+    /// The last `model_started`: its sequence, and the text deltas read before it.
+    model_started: Option<(u64, u32)>,
 }
 
 impl StreamCheck {
@@ -98,6 +107,8 @@ impl StreamCheck {
                 last_sequence: after,
                 ..StreamSummary::default()
             },
+            after,
+            model_started: None,
         }
     }
 
@@ -136,6 +147,12 @@ impl StreamCheck {
         if TERMINAL.contains(&frame.event.as_str()) {
             self.summary.terminal = Some(frame.event.clone());
         }
+        if frame.event == "model_started" {
+            self.model_started = frame.id.map(|id| (id, self.summary.tokens));
+        }
+        if frame.event == "run_resumed" {
+            self.resumed(frame);
+        }
         if frame.event == "text_delta" {
             self.summary.tokens += 1;
             if self.check_tokens {
@@ -153,6 +170,32 @@ impl StreamCheck {
         frame.id.hash(&mut self.hasher);
         frame.event.hash(&mut self.hasher);
         frame.data.hash(&mut self.hasher);
+    }
+
+    /// A `run_resumed`: the text deltas after the `model_started` its `abandoned_after` names
+    /// belong to an abandoned call and no longer count.
+    fn resumed(&mut self, frame: &Frame) {
+        self.summary.resumed += 1;
+        let abandoned_after = serde_json::from_str::<serde_json::Value>(&frame.data)
+            .ok()
+            .and_then(|data| data.get("abandoned_after").map(serde_json::Value::as_u64));
+        match (abandoned_after, self.model_started) {
+            (None, _) => self.error(format!(
+                "a `run_resumed` without an `abandoned_after` field: {}",
+                frame.data
+            )),
+            (Some(None), _) => {}
+            (Some(Some(sequence)), Some((model_started, tokens))) if sequence == model_started => {
+                self.summary.tokens = tokens;
+            }
+            // The abandoned call began before this stream's cursor: nothing of it was read.
+            (Some(Some(sequence)), None) if sequence <= self.after => {}
+            (Some(Some(sequence)), _) => self.error(format!(
+                "`run_resumed` abandons the call after sequence {sequence}, which is not the last \
+                 `model_started` ({:?})",
+                self.model_started.map(|(sequence, _)| sequence)
+            )),
+        }
     }
 
     /// Ends the check: the stream must have ended with one terminal event (of type

@@ -146,6 +146,9 @@ struct RunArgs {
     /// Idle watchers [default: 10000; smoke 50].
     #[arg(long)]
     idle_watchers: Option<usize>,
+    /// Runs interrupted by the crash in the restart figure [default: 100; smoke 5].
+    #[arg(long)]
+    restart_runs: Option<usize>,
 }
 
 impl RunArgs {
@@ -183,6 +186,14 @@ impl RunArgs {
             resume_samples: pick(300, 10),
             cancel_samples: pick(20, 2),
             storage_runs: pick(50, 2),
+            restart_runs: self.restart_runs.unwrap_or(pick(100, 5)),
+            restart_baselines: pick(5, 1),
+            // Long enough to be mid-stream when every run has streamed a few tokens.
+            restart_profile: if smoke {
+                Profile::ms(0, 10, 100)
+            } else {
+                Profile::ms(0, 20, 400)
+            },
         }
     }
 
@@ -376,7 +387,7 @@ async fn run_backend(
     std::fs::create_dir_all(&dir)?;
     let result = async {
         let db = Database::create(backend, &dir, &args.postgres_url).await?;
-        let outcome = on_database(plan, backend, binary, fake, checks, figures, &dir, &db).await;
+        let outcome = on_database(args, plan, binary, fake, checks, figures, &dir, &db).await;
         db.drop_database().await;
         outcome
     }
@@ -387,8 +398,8 @@ async fn run_backend(
 
 #[expect(clippy::too_many_arguments, reason = "one call site, all plain inputs")]
 async fn on_database(
+    args: &RunArgs,
     plan: &Plan,
-    backend: Backend,
     binary: &std::path::Path,
     fake: &Arc<FakeProvider>,
     checks: &Arc<Checks>,
@@ -396,8 +407,12 @@ async fn on_database(
     dir: &std::path::Path,
     db: &Database,
 ) -> Result<Vec<Row>> {
+    let backend = db.backend;
     let config = dir.join("behest.toml");
-    std::fs::write(&config, target::config_toml(&fake.base_url(), &MODELS))?;
+    std::fs::write(
+        &config,
+        target::config_toml(&fake.base_url(), &MODELS, None),
+    )?;
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
@@ -421,6 +436,9 @@ async fn on_database(
         checks: checks.clone(),
         plan: plan.clone(),
         backend,
+        behest_bin: binary.to_owned(),
+        dir: dir.to_owned(),
+        postgres_url: args.postgres_url.clone(),
     });
     let result = figures::measure(&ctx, db, figures).await;
     if result.is_err() {

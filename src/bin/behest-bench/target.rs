@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use sqlx::Connection;
 use tokio::process::{Child, Command};
 
@@ -199,13 +200,18 @@ fn with_database(url: &str, name: &str) -> String {
 }
 
 /// The configuration behest runs with: one provider `fake` with every bench model. Provider
-/// timeouts are long because idle-watcher runs wait at a gate for minutes.
-pub fn config_toml(fake_base_url: &str, models: &[&str]) -> String {
-    let mut toml = format!(
+/// timeouts are long because idle-watcher runs wait at a gate for minutes. `lease_ttl_ms` sets
+/// `[runtime] lease_ttl_ms` (the restart figure shortens it so PostgreSQL takes runs over soon).
+pub fn config_toml(fake_base_url: &str, models: &[&str], lease_ttl_ms: Option<u64>) -> String {
+    let mut toml = String::new();
+    if let Some(ttl) = lease_ttl_ms {
+        toml.push_str(&format!("[runtime]\nlease_ttl_ms = {ttl}\n\n"));
+    }
+    toml.push_str(&format!(
         "[providers.fake]\nkind = \"openai\"\nbase_url = \"{fake_base_url}\"\n\n\
          [providers.fake.timeouts]\nconnect_ms = 5000\nfirst_byte_ms = 1800000\nidle_ms = 1800000\n\
          total_ms = 1800000\n"
-    );
+    ));
     for model in models {
         toml.push_str(&format!(
             "\n[providers.fake.models.{model}]\ncontext_window = 128000\nmax_output_tokens = 1024\n"
@@ -219,9 +225,28 @@ pub struct BehestProcess {
     child: Child,
     /// Its pid.
     pub pid: u32,
+    /// `127.0.0.1:PORT`.
+    pub address: String,
     /// `http://127.0.0.1:PORT`.
     pub base_url: String,
+    /// Just before the process was spawned (monotonic clock).
+    pub spawned_at: Instant,
+    /// Just before the process was spawned (wall clock, comparable with events' `timestamp`).
+    pub spawned_wall: DateTime<Utc>,
     log: PathBuf,
+}
+
+/// How to launch `behest serve`: the binary, its configuration and database, where it logs.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The behest binary.
+    pub binary: PathBuf,
+    /// The configuration file.
+    pub config: PathBuf,
+    /// The database URL.
+    pub database_url: String,
+    /// The directory its logs go to.
+    pub dir: PathBuf,
 }
 
 impl BehestProcess {
@@ -234,28 +259,49 @@ impl BehestProcess {
         database_url: &str,
         client: &reqwest::Client,
     ) -> Result<Self> {
-        if !binary.is_file() {
+        let launch = Launch {
+            binary: binary.to_owned(),
+            config: config.to_owned(),
+            database_url: database_url.to_owned(),
+            dir: dir.to_owned(),
+        };
+        let mut process = Self::spawn(&launch, None, "behest.log")?;
+        process
+            .wait_ready(client, Duration::from_millis(50))
+            .await?;
+        Ok(process)
+    }
+
+    /// Spawns `behest serve` on `address` (a free local port when `None`), logging to
+    /// `launch.dir/log_name`, without waiting for it to be ready.
+    pub fn spawn(launch: &Launch, address: Option<&str>, log_name: &str) -> Result<Self> {
+        if !launch.binary.is_file() {
             bail!(
                 "the behest binary is missing at {} — build it first with \
                  `cargo build --release --bins` (or pass --behest-bin PATH)",
-                binary.display()
+                launch.binary.display()
             );
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let address = format!("127.0.0.1:{port}");
-        let log = dir.join("behest.log");
+        let address = match address {
+            Some(address) => address.to_owned(),
+            None => {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                    .local_addr()?
+                    .port();
+                format!("127.0.0.1:{port}")
+            }
+        };
+        let log = launch.dir.join(log_name);
         let log_file = std::fs::File::create(&log)?;
-        let mut command = Command::new(binary);
+        let mut command = Command::new(&launch.binary);
         command
             .arg("serve")
             .arg("--bind")
             .arg(&address)
             .arg("--database-url")
-            .arg(database_url)
+            .arg(&launch.database_url)
             .arg("--config")
-            .arg(config)
+            .arg(&launch.config)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
@@ -267,49 +313,66 @@ impl BehestProcess {
                 command.env_remove(key);
             }
         }
-        let mut child = command.spawn()?;
+        let spawned_wall = Utc::now();
+        let spawned_at = Instant::now();
+        let child = command.spawn()?;
         let pid = child
             .id()
             .ok_or_else(|| BenchError("behest exited at once".to_owned()))?;
-        let base_url = format!("http://{address}");
-        let started = Instant::now();
+        Ok(Self {
+            child,
+            pid,
+            base_url: format!("http://{address}"),
+            address,
+            spawned_at,
+            spawned_wall,
+            log,
+        })
+    }
+
+    /// Polls `/readyz` every `poll` until it answers 200 (30 s at most): when it did.
+    pub async fn wait_ready(
+        &mut self,
+        client: &reqwest::Client,
+        poll: Duration,
+    ) -> Result<Instant> {
         loop {
-            if let Some(status) = child.try_wait()? {
+            if let Some(status) = self.child.try_wait()? {
                 bail!(
                     "behest exited during startup ({status}); its log ({}):\n{}",
-                    log.display(),
-                    tail(&log)
+                    self.log.display(),
+                    tail(&self.log)
                 );
             }
             let ready = client
-                .get(format!("{base_url}/readyz"))
+                .get(format!("{}/readyz", self.base_url))
                 .timeout(Duration::from_secs(2))
                 .send()
                 .await
                 .is_ok_and(|r| r.status().is_success());
             if ready {
-                break;
+                return Ok(Instant::now());
             }
-            if started.elapsed() > Duration::from_secs(30) {
+            if self.spawned_at.elapsed() > Duration::from_secs(30) {
                 bail!(
                     "behest was not ready within 30 s; its log ({}):\n{}",
-                    log.display(),
-                    tail(&log)
+                    self.log.display(),
+                    tail(&self.log)
                 );
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(poll).await;
         }
-        Ok(Self {
-            child,
-            pid,
-            base_url,
-            log,
-        })
     }
 
     /// The last lines of its log.
     pub fn log_tail(&self) -> String {
         tail(&self.log)
+    }
+
+    /// SIGKILL (a crash: nothing is drained or released), and waits until it is gone.
+    pub async fn kill(mut self) -> Result<()> {
+        self.child.kill().await?;
+        Ok(())
     }
 
     /// SIGTERM (graceful shutdown), then SIGKILL after 15 s.

@@ -1,0 +1,436 @@
+//! The figures: each drives the same load directly against the fake provider (the baseline)
+//! and through behest, in the same process run, and reports the difference or the ratio.
+//! Every stream read on the way goes through the hard check. One file per figure family; this
+//! one holds the plan, the load driver's requests and the order figures run in.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::check::{Checks, DirectCheck, StreamCheck};
+use crate::fake::{FakeProvider, Profile};
+use crate::report::Row;
+use crate::sse::SseReader;
+use crate::target::{Backend, Database};
+use crate::{BenchError, Result};
+
+mod cancel;
+mod fanout;
+mod idle_memory;
+mod latency;
+mod restart;
+mod resume;
+mod storage;
+mod throughput;
+
+/// The model with the default profile (or the one given on the command line).
+pub const MODEL_DEFAULT: &str = "fake-model";
+/// Short runs for throughput.
+pub const MODEL_SHORT: &str = "bench-short";
+/// The default token count with no pacing (storage, resume).
+pub const MODEL_FAST: &str = "bench-fast";
+/// Gated, paced runs for fan-out.
+pub const MODEL_FANOUT: &str = "bench-fanout";
+/// Gated forever: runs that idle while watchers hold their streams.
+pub const MODEL_IDLE: &str = "bench-idle";
+/// A long answer, cancelled mid-stream.
+pub const MODEL_CANCEL: &str = "bench-cancel";
+/// A slow answer, interrupted by a crash mid-stream and resumed by the next process.
+pub const MODEL_RESTART: &str = "bench-restart";
+/// Every model behest is configured with.
+pub const MODELS: [&str; 7] = [
+    MODEL_DEFAULT,
+    MODEL_SHORT,
+    MODEL_FAST,
+    MODEL_FANOUT,
+    MODEL_IDLE,
+    MODEL_CANCEL,
+    MODEL_RESTART,
+];
+
+/// Connections opened at once when many watchers connect.
+const CONNECT_CONCURRENCY: usize = 128;
+
+/// Sizes and durations of one bench run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Smoke mode: tiny sizes, no targets.
+    pub smoke: bool,
+    /// The default model's profile.
+    pub profile: Profile,
+    /// Sequential runs for time to first token and gaps at 1 concurrent run.
+    pub latency_runs: usize,
+    /// Concurrent runs for gaps at 100 concurrent runs.
+    pub concurrent_runs: usize,
+    /// Waves of concurrent runs.
+    pub concurrent_waves: usize,
+    /// Tokens of a short run.
+    pub short_tokens: u32,
+    /// Clients running short runs back to back.
+    pub short_concurrency: usize,
+    /// How long the throughput load lasts.
+    pub short_duration: Duration,
+    /// Runs watched in the fan-out figure.
+    pub fanout_runs: usize,
+    /// Watchers in the fan-out figure (spread evenly over the runs).
+    pub fanout_watchers: usize,
+    /// Tokens per fan-out run.
+    pub fanout_tokens: u32,
+    /// Interval between fan-out tokens.
+    pub fanout_interval: Duration,
+    /// Runs the idle watchers watch.
+    pub idle_runs: usize,
+    /// Idle watchers.
+    pub idle_watchers: usize,
+    /// Resume samples.
+    pub resume_samples: usize,
+    /// Cancel samples.
+    pub cancel_samples: usize,
+    /// Runs written before measuring storage.
+    pub storage_runs: usize,
+    /// Runs interrupted by the crash in the restart figure.
+    pub restart_runs: usize,
+    /// Restarts over an empty database (the restart figure's baseline).
+    pub restart_baselines: usize,
+    /// The slow answer the restart figure interrupts.
+    pub restart_profile: Profile,
+}
+
+impl Plan {
+    /// The fake provider's profile of each bench model.
+    pub fn profiles(&self) -> HashMap<String, Profile> {
+        let cancel_interval = if self.smoke { 2 } else { 20 };
+        HashMap::from([
+            (MODEL_DEFAULT.to_owned(), self.profile),
+            (MODEL_SHORT.to_owned(), Profile::ms(0, 0, self.short_tokens)),
+            (
+                MODEL_FAST.to_owned(),
+                Profile::ms(0, 0, self.profile.tokens),
+            ),
+            (
+                MODEL_FANOUT.to_owned(),
+                Profile {
+                    ttft: Duration::ZERO,
+                    interval: self.fanout_interval,
+                    tokens: self.fanout_tokens,
+                    gated: true,
+                },
+            ),
+            (MODEL_IDLE.to_owned(), Profile::ms(0, 1, 1).gated()),
+            (
+                MODEL_CANCEL.to_owned(),
+                Profile::ms(0, cancel_interval, 100_000),
+            ),
+            (MODEL_RESTART.to_owned(), self.restart_profile),
+        ])
+    }
+}
+
+/// Which figures to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Figure {
+    /// Rows and bytes per run.
+    Storage,
+    /// Added time to first token at 1 concurrent run.
+    Ttft,
+    /// Added gap between events at 1 concurrent run.
+    Gap1,
+    /// Added gap between events at 100 concurrent runs.
+    Gap100,
+    /// Sustained short runs per second.
+    Throughput,
+    /// Events per second to many watchers of a few runs.
+    Fanout,
+    /// Memory per idle SSE watcher.
+    IdleMemory,
+    /// Reconnect with `Last-Event-ID` → first replayed event.
+    Resume,
+    /// Cancel request → provider connection closed.
+    Cancel,
+    /// SIGKILL with runs mid-stream, restart → ready, runs resumed, runs completed.
+    Restart,
+}
+
+/// Everything a figure needs; cheap to clone into tasks.
+#[derive(Clone)]
+pub struct Ctx(Arc<Inner>);
+
+/// What [`Ctx`] holds.
+pub struct Inner {
+    /// The fake provider (in this process).
+    pub fake: Arc<FakeProvider>,
+    /// behest's base URL.
+    pub behest_url: String,
+    /// behest's pid.
+    pub behest_pid: u32,
+    /// The HTTP client of the load driver.
+    pub client: reqwest::Client,
+    /// The hard check.
+    pub checks: Arc<Checks>,
+    /// Sizes.
+    pub plan: Plan,
+    /// The backend under test.
+    pub backend: Backend,
+    /// The behest binary (the restart figure starts its own processes).
+    pub behest_bin: PathBuf,
+    /// The bench's temp directory for this backend.
+    pub dir: PathBuf,
+    /// The PostgreSQL server fresh databases are created on.
+    pub postgres_url: String,
+}
+
+impl std::ops::Deref for Ctx {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+/// When each token of one answer arrived.
+#[derive(Debug, Clone)]
+struct Trace {
+    tag: String,
+    sent_at: Instant,
+    tokens: Vec<Instant>,
+    end: Instant,
+}
+
+fn tag(phase: &str) -> String {
+    format!("behest-bench {phase} {}", uuid::Uuid::now_v7())
+}
+
+impl Ctx {
+    /// A context over a running behest.
+    pub fn new(inner: Inner) -> Self {
+        Self(Arc::new(inner))
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.behest_url)
+    }
+
+    /// `POST /v1/chat/completions` on the fake provider, as behest would send it.
+    async fn direct(&self, model: &str, tag: &str) -> Result<(Instant, SseReader)> {
+        let body = json!({
+            "model": model,
+            "messages": [{"role": "user", "content": tag}],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_completion_tokens": 1024,
+        });
+        let sent_at = Instant::now();
+        let response = self
+            .client
+            .post(format!("{}/chat/completions", self.fake.base_url()))
+            .json(&body)
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("the fake provider answered {}", response.status());
+        }
+        Ok((sent_at, SseReader::new(response)))
+    }
+
+    /// `POST /runs/stream`: the run's id and its event stream.
+    async fn stream_run(&self, model: &str, tag: &str) -> Result<(Instant, String, SseReader)> {
+        let sent_at = Instant::now();
+        let response = self
+            .client
+            .post(self.url("/runs/stream"))
+            .json(&json!({"provider": "fake", "model": model, "input": tag}))
+            .send()
+            .await?;
+        if response.status() != reqwest::StatusCode::OK {
+            let status = response.status();
+            let body = response.text().await.unwrap_or_default();
+            bail!("POST /runs/stream answered {status}: {body}");
+        }
+        let run_id = response
+            .headers()
+            .get("x-run-id")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| BenchError("POST /runs/stream without X-Run-Id".to_owned()))?
+            .to_owned();
+        Ok((sent_at, run_id, SseReader::new(response)))
+    }
+
+    /// `POST /runs`: the new run's id.
+    async fn create_run(&self, model: &str, tag: &str) -> Result<String> {
+        let response = self
+            .client
+            .post(self.url("/runs"))
+            .json(&json!({"provider": "fake", "model": model, "input": tag}))
+            .send()
+            .await?;
+        if response.status() != reqwest::StatusCode::ACCEPTED {
+            let status = response.status();
+            let body = response.text().await.unwrap_or_default();
+            bail!("POST /runs answered {status}: {body}");
+        }
+        let body: serde_json::Value = response.json().await?;
+        body["run_id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| BenchError("POST /runs without run_id".to_owned()))
+    }
+
+    /// `GET /runs/{id}/events`, resuming after `after` with `Last-Event-ID`.
+    async fn watch(&self, run_id: &str, after: Option<u64>) -> Result<SseReader> {
+        let mut request = self.client.get(self.url(&format!("/runs/{run_id}/events")));
+        if let Some(after) = after {
+            request = request.header("Last-Event-ID", after.to_string());
+        }
+        let response = request.send().await?;
+        if response.status() != reqwest::StatusCode::OK {
+            bail!("GET /runs/{run_id}/events answered {}", response.status());
+        }
+        Ok(SseReader::new(response))
+    }
+
+    async fn cancel(&self, run_id: &str) -> Result<()> {
+        let response = self
+            .client
+            .post(self.url(&format!("/runs/{run_id}/cancel")))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("POST /runs/{run_id}/cancel answered {}", response.status());
+        }
+        Ok(())
+    }
+
+    fn sent(&self, tag: &str) -> Vec<Instant> {
+        self.fake
+            .exchange(tag)
+            .map(|e| e.snapshot().token_sent)
+            .unwrap_or_default()
+    }
+
+    /// One whole answer read directly from the fake provider.
+    async fn direct_answer(&self, model: &str, tokens: u32) -> Result<Trace> {
+        let tag = tag("direct");
+        let (sent_at, mut reader) = self.direct(model, &tag).await?;
+        let mut check = DirectCheck::default();
+        let mut arrivals = Vec::with_capacity(tokens as usize);
+        while let Some(frame) = reader.next().await? {
+            if check.push(&frame) {
+                arrivals.push(frame.at);
+            }
+        }
+        let end = Instant::now();
+        self.checks
+            .stream(&format!("direct answer {tag}"), &check.finish(tokens));
+        Ok(Trace {
+            tag,
+            sent_at,
+            tokens: arrivals,
+            end,
+        })
+    }
+
+    /// One whole run through `POST /runs/stream`.
+    async fn behest_run(&self, model: &str, tokens: u32) -> Result<Trace> {
+        let tag = tag("run");
+        let (sent_at, run_id, mut reader) = self.stream_run(model, &tag).await?;
+        let mut check = StreamCheck::new(0);
+        let mut arrivals = Vec::with_capacity(tokens as usize);
+        let mut end = sent_at;
+        while let Some(frame) = reader.next().await? {
+            check.push(&frame);
+            if frame.event == "text_delta" {
+                arrivals.push(frame.at);
+            }
+            end = frame.at;
+        }
+        self.checks.stream(
+            &format!("run {run_id}"),
+            &check.finish(Some("run_completed"), Some(tokens)),
+        );
+        Ok(Trace {
+            tag,
+            sent_at,
+            tokens: arrivals,
+            end,
+        })
+    }
+
+    async fn answer(&self, via_behest: bool, model: &str, tokens: u32) -> Result<Trace> {
+        if via_behest {
+            self.behest_run(model, tokens).await
+        } else {
+            self.direct_answer(model, tokens).await
+        }
+    }
+}
+
+/// Measures the selected figures on one backend; storage first, while the database holds only
+/// its runs.
+pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec<Row>> {
+    let wants = |figure: Figure| figures.contains(&figure);
+    let mut rows = Vec::new();
+    let step = |name: &str| crate::report::say(&format!("  [{}] {name}…", ctx.backend.name()));
+    if wants(Figure::Storage) {
+        step("storage per run");
+        rows.extend(storage::storage(ctx, db).await?);
+    }
+    if wants(Figure::Ttft) || wants(Figure::Gap1) {
+        step("time to first token and gaps at 1 concurrent run");
+        rows.extend(latency::latency_one(ctx, wants(Figure::Ttft), wants(Figure::Gap1)).await?);
+    }
+    if wants(Figure::Gap100) {
+        step("gaps at 100 concurrent runs");
+        rows.extend(latency::latency_concurrent(ctx).await?);
+    }
+    if wants(Figure::Resume) {
+        step("resume");
+        rows.extend(resume::resume(ctx).await?);
+    }
+    if wants(Figure::Cancel) {
+        step("cancel");
+        rows.extend(cancel::cancel(ctx).await?);
+    }
+    if wants(Figure::Restart) {
+        step("restart after a crash");
+        rows.extend(restart::restart(ctx).await?);
+    }
+    if wants(Figure::Throughput) {
+        step("sustained short runs");
+        rows.extend(throughput::throughput(ctx).await?);
+    }
+    if wants(Figure::Fanout) {
+        step("fan-out to many watchers");
+        rows.extend(fanout::fanout(ctx).await?);
+    }
+    if wants(Figure::IdleMemory) {
+        step("memory per idle watcher");
+        rows.extend(idle_memory::idle_memory(ctx).await?);
+    }
+    for row in &mut rows {
+        row.backend = ctx.backend.name().to_owned();
+    }
+    Ok(rows)
+}
+
+async fn wait_count(
+    counter: &AtomicUsize,
+    target: usize,
+    timeout: Duration,
+    what: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while counter.load(Ordering::Acquire) < target {
+        if Instant::now() > deadline {
+            bail!(
+                "{what}: only {} of {target} ready after {} s",
+                counter.load(Ordering::Acquire),
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
