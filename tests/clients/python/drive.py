@@ -26,8 +26,13 @@ def expect(value, model):
 def main(base_url: str, spec_path: str) -> None:
     with open(spec_path, encoding="utf-8") as spec_file:
         spec = json.load(spec_file)
-    # No schema dropped: every component schema of the spec is a generated model.
-    missing = [name for name in spec["components"]["schemas"] if not hasattr(models, name)]
+    # No schema dropped: every component schema of the spec is a generated model, but for
+    # aliases of a plain string (`RunId`: a UUID), which the models use as `str`.
+    missing = [
+        name
+        for name, schema in spec["components"]["schemas"].items()
+        if not hasattr(models, name) and not (schema.get("type") == "string" and "enum" not in schema)
+    ]
     if missing:
         raise SystemExit(f"schemas without a generated model: {missing}")
 
