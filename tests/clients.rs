@@ -61,7 +61,10 @@ fn skip(test: &str, needs: &[PathBuf]) -> bool {
         std::env::var("BEHEST_TEST_REQUIRE_CLIENTS").is_err(),
         "BEHEST_TEST_REQUIRE_CLIENTS is set but {test} cannot run: {reason}"
     );
-    eprintln!("SKIPPED {test}: {reason}");
+    // Written to the process's stderr handle, not through `eprintln!`, which the test harness
+    // captures: the skip shows in the default `cargo test` output.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {reason}");
     true
 }
 
@@ -390,6 +393,12 @@ async fn schemathesis_finds_no_server_error_and_no_answer_off_the_spec() {
     )
     .await;
     assert!(fuzzed.ok, "schemathesis failed:\n{}", fuzzed.text);
+    // Its summary (phases, links covered, cases generated), seen with `--nocapture`.
+    let summary: Vec<&str> = fuzzed.text.lines().rev().take(30).collect();
+    eprintln!(
+        "{}",
+        summary.into_iter().rev().collect::<Vec<_>>().join("\n")
+    );
 }
 
 /// The spec as schemathesis should read its event streams. Each `text/event-stream` answer of
