@@ -414,9 +414,14 @@ pub async fn watch_run_events(
         .get("last-event-id")
         .map(|value| value.to_str().unwrap_or("\u{fffd}"))
         .filter(|value| !value.is_empty());
-    let after = match header.or(query.last_event_id.as_deref()) {
-        None | Some("") => 0,
+    // A malformed query cursor is refused even when a header wins over it.
+    let from_query = match query.last_event_id.as_deref() {
+        None | Some("") => None,
+        Some(raw) => Some(parse_cursor(raw)?),
+    };
+    let after = match header {
         Some(raw) => parse_cursor(raw)?,
+        None => from_query.unwrap_or(0),
     };
     let record = load_run(&state, &raw_id).await?;
     if record.status.is_terminal() {
