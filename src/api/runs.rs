@@ -102,8 +102,8 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
 #[utoipa::path(post, path = "/runs", tag = "runs",
     request_body = CreateRunRequest,
     params(
-        ("traceparent" = Option<String>, Header, description = "W3C trace context of the caller"),
-        ("Idempotency-Key" = Option<String>, Header, description = "Stands in for `client_request_id`"),
+        ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Stands in for `client_request_id`"),
     ),
     responses(
         (status = 202, description = "Run created (or, with `Idempotent-Replayed: true`, the run an earlier identical request created); `Location` is the run", body = CreateRunResponse,
@@ -139,8 +139,8 @@ pub async fn create_run(
 #[utoipa::path(post, path = "/runs/stream", tag = "runs",
     request_body = CreateRunRequest,
     params(
-        ("traceparent" = Option<String>, Header, description = "W3C trace context of the caller"),
-        ("Idempotency-Key" = Option<String>, Header, description = "Stands in for `client_request_id`; a retry attaches to the existing run's stream from sequence 1"),
+        ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Stands in for `client_request_id`; a retry attaches to the existing run's stream from sequence 1"),
     ),
     responses(
         (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
@@ -207,7 +207,7 @@ pub async fn list_runs(
 
 /// Read a run (proto `RunService.GetRun`).
 #[utoipa::path(get, path = "/runs/{run_id}", tag = "runs",
-    params(("run_id" = String, Path, description = "Run id")),
+    params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
         (status = 200, description = "The run", body = RunRecord),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
@@ -221,7 +221,7 @@ pub async fn get_run(
 
 /// What a finished run produced (proto `RunService.GetRunOutput`).
 #[utoipa::path(get, path = "/runs/{run_id}/output", tag = "runs",
-    params(("run_id" = String, Path, description = "Run id")),
+    params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
         (status = 200, description = "The run's output", body = RunOutput),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
@@ -280,7 +280,7 @@ pub struct CancelQuery {
 /// this request was being handled. A run that had finished before the request arrived is left
 /// alone (409 with its status).
 #[utoipa::path(post, path = "/runs/{run_id}/cancel", tag = "runs",
-    params(("run_id" = String, Path, description = "Run id"), CancelQuery),
+    params(("run_id" = String, Path, format = Uuid, description = "Run id"), CancelQuery),
     responses(
         (status = 200, description = "With `wait=true`: the run after its terminal event", body = RunRecord),
         (status = 202, description = "Cancellation requested, or the run was already cancelled (cancel is idempotent); the run as it is now", body = RunRecord),
@@ -341,14 +341,16 @@ pub struct WatchQuery {
     /// Resume after this sequence (proto `WatchRunEventsRequest.last_event_id`): decimal digits
     /// only; empty means from the start. A non-empty `Last-Event-ID` header takes precedence;
     /// an empty one is ignored.
-    #[param(pattern = "^[0-9]*$")]
+    #[param(pattern = "^0*[0-9]{0,19}$")]
     last_event_id: Option<String>,
 }
 
 /// Parses a resume cursor: exactly decimal digits (`0`, `42`; not `+5`, ` 5`, `5.0`, `-1`),
-/// fitting in 64 bits.
+/// at most 19 of them after leading zeros (what the spec's pattern says; always 64 bits).
 fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
-    let digits = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit());
+    let digits = !raw.is_empty()
+        && raw.bytes().all(|b| b.is_ascii_digit())
+        && raw.trim_start_matches('0').len() <= 19;
     digits
         .then(|| raw.parse::<u64>().ok())
         .flatten()
@@ -368,8 +370,8 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
 /// `Last-Event-ID` (as `EventSource` does by itself) to continue at the next process, gaplessly.
 #[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",
     params(
-        ("run_id" = String, Path, description = "Run id"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored", pattern = "^[0-9]*$"),
+        ("run_id" = String, Path, format = Uuid, description = "Run id"),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored", pattern = "^0*[0-9]{0,19}$"),
         WatchQuery
     ),
     responses(
@@ -390,9 +392,14 @@ pub async fn watch_run_events(
         .get("last-event-id")
         .map(|value| value.to_str().unwrap_or("\u{fffd}"))
         .filter(|value| !value.is_empty());
-    let after = match header.or(query.last_event_id.as_deref()) {
-        None | Some("") => 0,
+    // A malformed query cursor is refused even when a header wins over it.
+    let from_query = match query.last_event_id.as_deref() {
+        None | Some("") => None,
+        Some(raw) => Some(parse_cursor(raw)?),
+    };
+    let after = match header {
         Some(raw) => parse_cursor(raw)?,
+        None => from_query.unwrap_or(0),
     };
     let record = load_run(&state, &raw_id).await?;
     if record.events_removed_at.is_some() {

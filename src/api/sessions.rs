@@ -84,7 +84,7 @@ pub async fn list_sessions(
 
 /// Read a session.
 #[utoipa::path(get, path = "/sessions/{session_id}", tag = "sessions",
-    params(("session_id" = String, Path, description = "Session id")),
+    params(("session_id" = String, Path, format = Uuid, description = "Session id")),
     responses(
         (status = 200, description = "The session", body = Session),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
@@ -121,7 +121,7 @@ pub struct MessagesQuery {
 /// stops once its messages pass the server's byte budget (`runtime.max_page_bytes`, default
 /// 1 MiB; the message that passes it is included); `next_cursor` continues.
 #[utoipa::path(get, path = "/sessions/{session_id}/messages", tag = "sessions",
-    params(("session_id" = String, Path, description = "Session id"), MessagesQuery),
+    params(("session_id" = String, Path, format = Uuid, description = "Session id"), MessagesQuery),
     responses(
         (status = 200, description = "The messages, oldest first", body = SessionMessages),
         (status = 400, description = "`invalid_cursor` (not a cursor this server returned); `invalid_query` (an unknown parameter)", body = Problem, content_type = "application/problem+json"),
@@ -163,7 +163,7 @@ pub async fn list_session_messages(
 
 /// Delete a session with its runs, messages and events.
 #[utoipa::path(delete, path = "/sessions/{session_id}", tag = "sessions",
-    params(("session_id" = String, Path, description = "Session id")),
+    params(("session_id" = String, Path, format = Uuid, description = "Session id")),
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
