@@ -67,7 +67,7 @@ pub async fn list_snapshots(
 /// The run's state at its last iteration boundary, or how it ended. There is none before the run's first model call, after
 /// retention removed it, or after it was deleted.
 #[utoipa::path(get, path = "/snapshots/{run_id}", tag = "snapshots",
-    params(("run_id" = String, Path, description = "Run id")),
+    params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
         (status = 200, description = "The run's snapshot", body = Snapshot),
         (status = 404, description = "`snapshot_not_found`: no such run (or the id is not a UUID), or the run has no snapshot (before its first model call, removed by retention, or deleted)", body = Problem, content_type = "application/problem+json"),
@@ -91,7 +91,7 @@ pub async fn get_snapshot(
 /// The run, its events and messages stay. An active run's snapshot is what resuming it after a restart
 /// needs, so it cannot be deleted (409 `run_active`).
 #[utoipa::path(delete, path = "/snapshots/{run_id}", tag = "snapshots",
-    params(("run_id" = String, Path, description = "Run id")),
+    params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "`snapshot_not_found`: no such run (or the id is not a UUID), or the run has no snapshot", body = Problem, content_type = "application/problem+json"),
