@@ -83,14 +83,15 @@ pub struct RuntimeConfig {
     pub recovery: Recovery,
     /// How long a run's lease lasts, in ms: the owning process renews it every third of this;
     /// another process (a restarted one, later a replica) takes a run over only once its lease
-    /// has expired; default 15000 (at least 300).
+    /// has expired; default 15000 (300 to 86400000).
     pub lease_ttl_ms: u64,
     /// How long a shutdown (SIGTERM/SIGINT) waits for active runs to reach their next boundary,
     /// in ms; runs still going are then stopped where they are. Either way they stay resumable;
-    /// default 10000.
+    /// default 10000 (at most 86400000).
     pub shutdown_grace_ms: u64,
     /// Finished runs' events and snapshots are removed this many seconds after the run ended;
-    /// unset (default): kept forever. Runs, sessions and messages are kept.
+    /// unset (default): kept forever; 1 to 3153600000 (100 years). Runs, sessions and messages
+    /// are kept.
     pub event_retention_secs: Option<u64>,
     /// Runs whose events one retention transaction removes at most; default 100.
     pub retention_batch_runs: u32,
@@ -557,12 +558,19 @@ impl Config {
                 "runtime.doom_loop.threshold must be at least 2",
             ),
             (
-                runtime.lease_ttl_ms >= 300,
-                "runtime.lease_ttl_ms must be at least 300",
+                (300..=86_400_000).contains(&runtime.lease_ttl_ms),
+                "runtime.lease_ttl_ms must be from 300 to 86400000 (one day)",
             ),
             (
-                runtime.event_retention_secs != Some(0),
-                "runtime.event_retention_secs must be at least 1 (leave it unset to keep events forever)",
+                runtime.shutdown_grace_ms <= 86_400_000,
+                "runtime.shutdown_grace_ms must be at most 86400000 (one day)",
+            ),
+            (
+                runtime
+                    .event_retention_secs
+                    .is_none_or(|secs| (1..=3_153_600_000).contains(&secs)),
+                "runtime.event_retention_secs must be from 1 to 3153600000 (100 years; leave it \
+                 unset to keep events forever)",
             ),
             (
                 runtime.retention_batch_runs >= 1,
@@ -708,6 +716,36 @@ fn provider_options_check(id: &str, provider: &ProviderConfig) -> Result<(), Con
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restart_settings_are_bounded() -> Result<(), ConfigError> {
+        let runtime = Config::from_toml(
+            "[runtime]\nrecovery = \"fail\"\nlease_ttl_ms = 300\nevent_retention_secs = 60\n",
+        )?
+        .runtime;
+        assert_eq!(runtime.recovery, Recovery::Fail);
+        assert_eq!(runtime.event_retention_secs, Some(60));
+        for (setting, named) in [
+            ("lease_ttl_ms = 299", "lease_ttl_ms"),
+            ("lease_ttl_ms = 86400001", "lease_ttl_ms"),
+            ("shutdown_grace_ms = 86400001", "shutdown_grace_ms"),
+            ("event_retention_secs = 0", "event_retention_secs"),
+            (
+                "event_retention_secs = 9223372036854775807",
+                "event_retention_secs",
+            ),
+            ("retention_batch_runs = 0", "retention_batch_runs"),
+            ("recovery = \"Resume\"", "recovery"),
+        ] {
+            let error = Config::from_toml(&format!("[runtime]\n{setting}\n"))
+                .map(|_| ())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(named), "{setting}: {error}");
+        }
+        Ok(())
+    }
 
     #[test]
     fn provider_options_parse_and_are_checked() -> Result<(), ConfigError> {

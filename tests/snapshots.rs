@@ -431,6 +431,16 @@ async fn shutdown_drains_with_the_server_answering_503(backend: Backend) {
         .unwrap();
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
+    // A new watch would end at once, empty: it is told to reconnect elsewhere instead.
+    let response = server
+        .client
+        .get(server.url(&format!("/runs/{run_id}/events")))
+        .header("Last-Event-ID", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
 
     drain.await.unwrap();
     // Stopped at its boundary: left non-terminal and resumable, nothing terminal logged, the

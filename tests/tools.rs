@@ -588,3 +588,37 @@ async fn streamable_http_mcp_server_lists_calls_and_cancels() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn idempotent_tools_must_be_tools_of_their_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("fixture.log");
+    let with = |names: &[&str]| {
+        let mut servers = stdio_fixture(&log);
+        if let Some(McpServerConfig::Stdio {
+            idempotent_tools, ..
+        }) = servers.get_mut("fixture")
+        {
+            *idempotent_tools = names.iter().map(|n| (*n).to_owned()).collect();
+        }
+        servers
+    };
+    let registry = ToolRegistry::connect(&with(&["add"]), &BTreeMap::new())
+        .await
+        .unwrap();
+    assert!(registry.is_idempotent("add"));
+    assert!(!registry.is_idempotent("sleep"));
+    let listed = registry.list();
+    assert!(listed.iter().any(|t| t.name == "add" && t.idempotent));
+    registry.shutdown().await;
+
+    // A typo would silently turn a re-execution into an "interrupted" result: refused.
+    let error = ToolRegistry::connect(&with(&["add", "nope"]), &BTreeMap::new())
+        .await
+        .expect_err("an unknown idempotent tool is refused");
+    let message = error.to_string();
+    assert!(
+        matches!(&error, ToolSetupError::Invalid(m) if m.contains("idempotent_tools") && m.contains("`nope`") && m.contains("add, echo, fail, sleep")),
+        "{message}"
+    );
+}

@@ -381,6 +381,8 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
         (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "`run_events_expired`: the run ended more than `[runtime] event_retention_secs` ago and its events were removed (its record, session and messages are kept)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`shutting_down`: the server is draining before it stops; reconnect after `Retry-After` seconds (to the next process, which continues the stream from `Last-Event-ID`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
     ))]
 pub async fn watch_run_events(
     State(state): State<AppState>,
@@ -404,6 +406,10 @@ pub async fn watch_run_events(
     let record = load_run(&state, &raw_id).await?;
     if record.events_removed_at.is_some() {
         return Err(events_expired(&record));
+    }
+    // Streams end at the start of a drain; a new one would end at once, empty.
+    if state.runtime.is_stopping() {
+        return Err(ApiError::shutting_down());
     }
     if record.status.is_terminal() {
         let last = state.runtime.store().last_sequence(record.id).await?;

@@ -205,6 +205,17 @@ impl ToolRegistry {
                     idempotent_tools, ..
                 } => idempotent_tools,
             };
+            if let Some(unknown) = idempotent_tools
+                .iter()
+                .find(|name| !tools.iter().any(|tool| *tool.name == ***name))
+            {
+                let offered: Vec<&str> = tools.iter().map(|tool| &*tool.name).collect();
+                return Err(ToolSetupError::Invalid(format!(
+                    "mcp_servers.{id}.idempotent_tools: `{unknown}` is not a tool of this server \
+                     (it offers: {})",
+                    offered.join(", ")
+                )));
+            }
             for tool in tools {
                 let info = ToolInfo {
                     idempotent: idempotent_tools.iter().any(|name| **name == *tool.name),
