@@ -525,26 +525,26 @@ async fn run_tools(
     let to_answer = pending
         .as_ref()
         .map_or_else(|| turn_calls.to_vec(), |p| p.calls.clone());
-    if let Some(description) = pending.as_ref().and_then(|p| p.doom_loop.clone()) {
-        skip_calls(
-            emitter,
-            record,
-            &to_answer,
-            "not executed: doom loop detected",
-        )
-        .await?;
-        return Err(RunFailure::DoomLoop(description));
-    }
-    if let Some(description) = progress
-        .doom_loop
-        .as_mut()
-        .and_then(|d| d.observe(turn_calls))
-    {
-        emitter
-            .emit(EventPayload::DoomLoopDetected(DoomLoopDetected {
-                description: description.clone(),
-            }))
-            .await?;
+    // A doom loop already logged for this turn (before a crash) is honoured, not logged again.
+    let doom_loop = match pending.as_ref().and_then(|p| p.doom_loop.clone()) {
+        Some(logged) => Some(logged),
+        None => match progress
+            .doom_loop
+            .as_mut()
+            .and_then(|d| d.observe(turn_calls))
+        {
+            Some(description) => {
+                emitter
+                    .emit(EventPayload::DoomLoopDetected(DoomLoopDetected {
+                        description: description.clone(),
+                    }))
+                    .await?;
+                Some(description)
+            }
+            None => None,
+        },
+    };
+    if let Some(description) = doom_loop {
         skip_calls(
             emitter,
             record,

@@ -260,9 +260,14 @@ impl Ctx {
 
     /// `POST /runs`: the new run's id.
     async fn create_run(&self, model: &str, tag: &str) -> Result<String> {
+        self.create_run_at(&self.url("/runs"), model, tag).await
+    }
+
+    /// `POST` of a run to `runs_url` (a `…/runs` URL, e.g. of a restarted behest): its id.
+    async fn create_run_at(&self, runs_url: &str, model: &str, tag: &str) -> Result<String> {
         let response = self
             .client
-            .post(self.url("/runs"))
+            .post(runs_url)
             .json(&json!({"provider": "fake", "model": model, "input": tag}))
             .send()
             .await?;

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::{CONNECT_CONCURRENCY, Ctx, MODEL_RESTART, MODELS, tag, wait_count};
@@ -95,7 +94,9 @@ async fn crash_and_restart(ctx: &Ctx, launch: &Launch) -> Result<Vec<Row>> {
             let permits = permits.clone();
             tokio::spawn(async move {
                 let permit = permits.acquire_owned().await;
-                let run_id = create_run(&ctx, &base_url, &tag("restart")).await?;
+                let run_id = ctx
+                    .create_run_at(&format!("{base_url}/runs"), MODEL_RESTART, &tag("restart"))
+                    .await?;
                 follow(&ctx, &base_url, run_id, permit.ok(), &streaming).await
             })
         })
@@ -251,26 +252,6 @@ fn samples_text(dist: &Dist) -> String {
         parts.push(format!("{:.1}", dist.p(p)));
     }
     format!("min/p50/max {} ms", parts.join("/"))
-}
-
-/// `POST /runs` on `base_url`: the new run's id.
-async fn create_run(ctx: &Ctx, base_url: &str, run_tag: &str) -> Result<String> {
-    let response = ctx
-        .client
-        .post(format!("{base_url}/runs"))
-        .json(&json!({"provider": "fake", "model": MODEL_RESTART, "input": run_tag}))
-        .send()
-        .await?;
-    if response.status() != reqwest::StatusCode::ACCEPTED {
-        let status = response.status();
-        let body = response.text().await.unwrap_or_default();
-        bail!("POST /runs answered {status}: {body}");
-    }
-    let body: serde_json::Value = response.json().await?;
-    body["run_id"]
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| BenchError("POST /runs without run_id".to_owned()))
 }
 
 /// `GET /runs/{id}/events` (after `after` with `Last-Event-ID`), retried while behest is down.
