@@ -18,12 +18,15 @@
     reason = "tests"
 )]
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
+
+use support::demo::DemoServer;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -103,56 +106,6 @@ async fn run(what: &str, command: &mut Command, limit: Duration) -> Ran {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         ),
-    }
-}
-
-/// `behest serve` as a new user starts it: no config (the demo provider `demo`, model `demo`
-/// and tool `current_time`), a fresh working directory for its SQLite database.
-struct DemoServer {
-    _child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl DemoServer {
-    async fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_behest"))
-            .args(["serve", "--bind", "127.0.0.1:0"])
-            .current_dir(dir.path())
-            .env_remove("BEHEST_CONFIG")
-            .env_remove("BEHEST_DATABASE_URL")
-            .env_remove("BEHEST_BIND")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start behest serve");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let url = tokio::time::timeout(Duration::from_secs(30), async {
-            let mut log = Vec::new();
-            while let Some(line) = lines.next_line().await.expect("read log") {
-                if let Some(at) = line.find("address=") {
-                    let addr = line[at + "address=".len()..]
-                        .split_whitespace()
-                        .next()
-                        .expect("address");
-                    return format!("http://{addr}");
-                }
-                log.push(line);
-            }
-            panic!("behest serve exited before listening: {log:?}");
-        })
-        .await
-        .expect("behest serve listens within 30 s");
-        // Keep draining the log so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self {
-            _child: child,
-            url,
-            _dir: dir,
-        }
     }
 }
 

@@ -411,26 +411,19 @@ async fn shutdown_drains_with_the_server_answering_503(backend: Backend) {
         (status, body["code"].as_str()),
         (503, Some("shutting_down"))
     );
-    let response = server
-        .client
-        .post(server.url("/runs"))
-        .json(&json!({"provider": "fake", "model": "fake-model", "input": "one more"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 503);
-    assert!(response.headers().contains_key("retry-after"));
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["code"], "shutting_down", "{body}");
-    let response = server
-        .client
-        .post(server.url("/runs/stream"))
-        .json(&json!({"provider": "fake", "model": "fake-model", "input": "one more"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 503);
-    assert!(response.headers().contains_key("retry-after"));
+    for path in ["/runs", "/runs/stream"] {
+        let response = server
+            .client
+            .post(server.url(path))
+            .json(&json!({"provider": "fake", "model": "fake-model", "input": "one more"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 503, "{path}");
+        assert!(response.headers().contains_key("retry-after"), "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["code"], "shutting_down", "{path}: {body}");
+    }
     // A new watch would end at once, empty: it is told to reconnect elsewhere instead.
     let response = server
         .client

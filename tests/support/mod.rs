@@ -8,6 +8,7 @@
 )]
 
 pub mod db;
+pub mod demo;
 pub mod fake_anthropic;
 pub mod fake_openai;
 pub mod process;
