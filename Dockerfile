@@ -8,6 +8,9 @@ RUN cargo build --release --locked --bin behest
 
 # Run: a small Debian image, a non-root user, the SQLite file on a volume.
 FROM debian:bookworm-slim
+# The system's root certificates: outgoing TLS (providers, MCP over HTTPS) verifies with them.
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 behest && mkdir /data && chown behest /data
 COPY --from=build /src/target/release/behest /usr/local/bin/behest
 USER behest

@@ -7,6 +7,7 @@ pub mod api;
 pub mod config;
 pub mod domain;
 pub mod events;
+pub mod net;
 pub mod provider;
 pub mod runtime;
 pub mod server;

@@ -89,8 +89,7 @@ fn init_tracing() {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Openapi => print_openapi(),
@@ -115,7 +114,7 @@ async fn main() -> ExitCode {
                 );
             }
             let config = loaded;
-            match behest::server::serve(config).await {
+            match behest::server::serve_blocking(config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     tracing::error!(%error, "behest stopped");
@@ -138,7 +137,7 @@ async fn main() -> ExitCode {
             };
             init_tracing();
             // The store logs each migration it applies, or that the schema is up to date.
-            match behest::store::connect(&config.database_url).await {
+            match behest::server::migrate_blocking(&config.database_url) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(error) => {
                     report(&error);

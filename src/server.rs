@@ -63,6 +63,37 @@ pub fn runtime(
     ))
 }
 
+/// `behest serve`: [`serve`] on a new multi-threaded Tokio runtime, until it returns.
+///
+/// The server's async code is polled here, in the library, so that it is compiled once: a
+/// binary that awaited [`serve`] itself would compile every future under it again (release
+/// builds share no generic code between crates).
+///
+/// # Errors
+/// [`ServeError`] as for [`serve`], or `Io` when the Tokio runtime cannot start.
+pub fn serve_blocking(config: Config) -> Result<(), ServeError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve(config))
+}
+
+/// `behest migrate`: opens the store at `database_url`, which applies (and logs) its pending
+/// migrations, on a Tokio runtime of its own (see [`serve_blocking`]).
+///
+/// # Errors
+/// [`ServeError::Store`] when the database cannot be opened or migrated, `Io` when the Tokio
+/// runtime cannot start.
+pub fn migrate_blocking(database_url: &str) -> Result<(), ServeError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(async {
+            store::connect(database_url).await?;
+            Ok(())
+        })
+}
+
 /// Serves the configuration until SIGINT/SIGTERM, then drains: `runtime.shutdown` with
 /// `[runtime] shutdown_grace_ms` while the listener stays open (`/readyz` and new runs answer
 /// 503 `shutting_down`, open event streams end at once), then closes the listener.

@@ -48,7 +48,7 @@ async fn serve_without_config_offers_the_demo_model_and_tool() {
         "the migrations applied are logged: {:?}",
         server.log
     );
-    let client = reqwest::Client::new();
+    let client = behest::net::client().unwrap();
     let providers: Value = client
         .get(format!("{}/providers", server.url))
         .send()
@@ -196,7 +196,7 @@ async fn start_proxy(upstream: &str) -> (String, Arc<ProxyCounts>) {
     let counts = Arc::new(ProxyCounts::default());
     let state = Arc::new(ProxyState {
         upstream: upstream.to_owned(),
-        client: reqwest::Client::new(),
+        client: behest::net::client().unwrap(),
         counts: counts.clone(),
     });
     let app = axum::Router::new().fallback(proxy).with_state(state);

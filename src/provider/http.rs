@@ -267,9 +267,8 @@ impl Endpoint {
 /// # Errors
 /// A [`ProviderError`] of class `invalid_request` when the client cannot be built.
 fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Client, ProviderError> {
-    reqwest::Client::builder()
+    crate::net::client_builder()
         .connect_timeout(Duration::from_millis(config.timeouts.connect_ms))
-        .user_agent(concat!("behest/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| {
             ProviderError::new(

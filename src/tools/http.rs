@@ -118,6 +118,7 @@ fn excerpt(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
 
     #[test]
@@ -145,7 +146,7 @@ mod tests {
             parameters: serde_json::json!({"type": "object"}),
             headers: [("X-Key".to_owned(), "secret\nvalue".to_owned())].into(),
         };
-        let error = HttpTool::new("t", &config, reqwest::Client::new())
+        let error = HttpTool::new("t", &config, crate::net::client().unwrap())
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();

@@ -83,9 +83,8 @@ pub(super) async fn connect(
                     .map_err(|e| setup_error(format!("initialize failed: {e}")))?
             }
             McpServerConfig::Http { url, headers, .. } => {
-                // rmcp's HTTP client needs a process-wide rustls provider; an error only means
-                // one is installed already.
-                let _ = rustls::crypto::ring::default_provider().install_default();
+                // rmcp's HTTP client needs the process-wide rustls provider.
+                crate::net::install_crypto_provider();
                 let mut custom = HashMap::new();
                 for (key, value) in headers {
                     let name = HeaderName::from_bytes(key.as_bytes())

@@ -227,7 +227,9 @@ impl ToolRegistry {
                 self.register(info, Backend::Mcp(Arc::clone(&server)))?;
             }
         }
-        let client = reqwest::Client::new();
+        let client = crate::net::client().map_err(|e| {
+            ToolSetupError::Invalid(format!("cannot build the HTTP tools' client: {e}"))
+        })?;
         for (name, config) in http_tools {
             // The name rule both OpenAI and Anthropic enforce on function names.
             let valid = !name.is_empty()

@@ -109,7 +109,7 @@ impl ServerProcess {
             child,
             pid,
             addr,
-            client: reqwest::Client::new(),
+            client: behest::net::client().unwrap(),
             name: name.to_owned(),
             log,
             _config: config,

@@ -99,7 +99,7 @@ impl TestServer {
         Self {
             addr,
             runtime,
-            client: reqwest::Client::new(),
+            client: behest::net::client().unwrap(),
             db,
             shutdown,
         }

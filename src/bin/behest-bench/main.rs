@@ -413,7 +413,7 @@ async fn on_database(
         &config,
         target::config_toml(&fake.base_url(), &MODELS, None),
     )?;
-    let client = reqwest::Client::builder()
+    let client = behest::net::client_builder()
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .build()?;
