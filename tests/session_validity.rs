@@ -242,6 +242,9 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
             input: "add 4 and 4".to_owned(),
             user_message_id: MessageId::new(),
             tools: None,
+            agent: None,
+            definition: Default::default(),
+            session_defaults: None,
             max_iterations: 25,
             client_request_id: None,
             request_hash: None,
@@ -269,6 +272,7 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
         tool_call_id: None,
         tool_name: None,
         created_at: now,
+        status: Default::default(),
     };
     let event = |sequence: u64, payload: EventPayload| {
         let event = AgentEvent {

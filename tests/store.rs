@@ -33,6 +33,9 @@ fn new_run(session_id: SessionId, create_session: bool) -> NewRun {
         input: "Bonjour, ça va ? 你好".to_owned(),
         user_message_id: MessageId::new(),
         tools: None,
+        agent: None,
+        definition: Default::default(),
+        session_defaults: None,
         max_iterations: 25,
         client_request_id: None,
         request_hash: None,
@@ -315,6 +318,7 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
         tool_call_id: None,
         tool_name: None,
         created_at: Utc::now(),
+        status: Default::default(),
     };
     let tool = Message {
         id: MessageId::new(),
@@ -351,6 +355,7 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
         messages[1],
         Message {
             created_at: messages[1].created_at,
+            status: Default::default(),
             ..assistant.clone()
         }
     );

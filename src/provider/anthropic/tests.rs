@@ -407,6 +407,7 @@ fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice
         tools,
         tool_choice,
         max_output_tokens: Some(1024),
+        ..ModelRequest::default()
     }
 }
 

@@ -682,6 +682,7 @@ fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice
         tools,
         tool_choice,
         max_output_tokens: None,
+        ..ModelRequest::default()
     }
 }
 
