@@ -95,7 +95,10 @@ async fn create_body_constraints_hold_at_their_boundaries(backend: Backend) {
                     .await
                     .unwrap();
                 let status = response.status().as_u16();
-                (status, response.json::<Value>().await.unwrap_or(Value::Null))
+                (
+                    status,
+                    response.json::<Value>().await.unwrap_or(Value::Null),
+                )
             }
         };
         for required in schema["required"].as_array().into_iter().flatten() {

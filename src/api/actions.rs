@@ -114,7 +114,9 @@ async fn answer(
     kind: PendingKind,
     answers: Vec<Answer>,
 ) -> Result<Response, ApiError> {
-    let run_id: RunId = raw_id.parse().map_err(|_| ApiError::run_not_found(raw_id))?;
+    let run_id: RunId = raw_id
+        .parse()
+        .map_err(|_| ApiError::run_not_found(raw_id))?;
     let record: RunRecord = state
         .runtime
         .answer(run_id, kind, answers)

@@ -305,21 +305,26 @@ impl From<AnswerError> for ApiError {
         match error {
             AnswerError::RunNotFound(id) => Self::run_not_found(&id.to_string()),
             AnswerError::NotWaiting { status, .. } => {
-                Self::new(StatusCode::CONFLICT, "run_not_waiting", detail)
-                    .with_status(status)
+                Self::new(StatusCode::CONFLICT, "run_not_waiting", detail).with_status(status)
             }
             AnswerError::AlreadyAnswered(_) => {
                 Self::new(StatusCode::CONFLICT, "tool_call_answered", detail)
             }
-            AnswerError::UnknownCall(_) => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_tool_call", detail)
-            }
-            AnswerError::DuplicateCall(_) => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "duplicate_tool_call", detail)
-            }
-            AnswerError::Missing(_) => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "missing_tool_calls", detail)
-            }
+            AnswerError::UnknownCall(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown_tool_call",
+                detail,
+            ),
+            AnswerError::DuplicateCall(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "duplicate_tool_call",
+                detail,
+            ),
+            AnswerError::Missing(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "missing_tool_calls",
+                detail,
+            ),
             AnswerError::Store(error) => Self::internal(&error),
         }
     }
@@ -360,6 +365,15 @@ fn body_mismatch<T: Body>(located: &str) -> ApiError {
     let quoted = |message: &str| message.split('`').nth(1).map(str::to_owned);
     if let Some(at) = located.find("unknown field `") {
         let name = quoted(&located[at..]).unwrap_or_default();
+        // Inside a field's value (`defaults.colour: unknown field …`): that field is at fault.
+        let top = located[..at]
+            .split_once(": ")
+            .map(|(path, _)| path.split(['.', '[']).next().unwrap_or(path))
+            .filter(|top| !top.is_empty() && *top != "." && *top != name && !top.contains(' '));
+        if let Some(top) = top {
+            let expectation = T::expectation(top).unwrap_or("has the wrong shape");
+            return invalid(format!("`{top}` {expectation}: unknown field `{name}`")).field(top);
+        }
         return invalid(format!(
             "unknown field `{name}`; the body accepts {}",
             T::FIELDS.join(", ")

@@ -201,7 +201,10 @@ pub fn check_tools(tools: &[RunTool]) -> Result<(), RequestProblem> {
                     ));
                 }
                 if definition.description.contains('\0') {
-                    return Err(invalid("tools", format!("tools[{index}].description: {NUL}")));
+                    return Err(invalid(
+                        "tools",
+                        format!("tools[{index}].description: {NUL}"),
+                    ));
                 }
                 if definition.parameters.get("type") != Some(&serde_json::json!("object")) {
                     return Err(invalid(
@@ -396,7 +399,13 @@ mod tests {
                 ..ModelParameters::default()
             },
             ModelParameters {
-                stop: Some(vec!["a".into(), "b".into(), "c".into(), "d".into(), "e".into()]),
+                stop: Some(vec![
+                    "a".into(),
+                    "b".into(),
+                    "c".into(),
+                    "d".into(),
+                    "e".into(),
+                ]),
                 ..ModelParameters::default()
             },
             ModelParameters {
@@ -438,7 +447,9 @@ mod tests {
             })
         };
         let object = serde_json::json!({"type": "object"});
-        assert!(check_tools(&[RunTool::Server("a".into()), definition("b", object.clone())]).is_ok());
+        assert!(
+            check_tools(&[RunTool::Server("a".into()), definition("b", object.clone())]).is_ok()
+        );
         for tools in [
             vec![definition("a b", object.clone())],
             vec![definition("a", serde_json::json!({"type": "string"}))],

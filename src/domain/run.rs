@@ -552,7 +552,12 @@ impl CreateRunRequest {
         if let Some(tools) = &self.tools {
             check_tools(tools)?;
         }
-        if self.approval.iter().flatten().any(|name| name.contains('\0')) {
+        if self
+            .approval
+            .iter()
+            .flatten()
+            .any(|name| name.contains('\0'))
+        {
             return Err(invalid("approval", NUL));
         }
         if let Some(metadata) = &self.metadata {
@@ -822,7 +827,10 @@ impl UpdateSessionRequest {
     /// # Errors
     /// The first [`RequestProblem`] found.
     pub fn check(&self) -> Result<(), RequestProblem> {
-        check_session_fields(self.title.clone().flatten().as_deref(), self.metadata.as_ref())
+        check_session_fields(
+            self.title.clone().flatten().as_deref(),
+            self.metadata.as_ref(),
+        )
     }
 }
 

@@ -294,7 +294,8 @@ fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option
             ToolChoice::Tool { name } => json!({"type": "tool", "name": name}),
         };
         // `none` takes no options.
-        if let (Some(parallel), Some(object)) = (request.parallel_tool_calls, choice.as_object_mut())
+        if let (Some(parallel), Some(object)) =
+            (request.parallel_tool_calls, choice.as_object_mut())
             && request.tool_choice != ToolChoice::Mode(ToolChoiceMode::None)
         {
             object.insert("disable_parallel_tool_use".to_owned(), json!(!parallel));

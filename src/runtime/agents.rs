@@ -21,10 +21,9 @@ use tokio::sync::Notify;
 use super::{CreateRunError, RunEmitter, Runtime};
 use crate::config::{AgentPreset, ModelConfig, ProviderKind};
 use crate::domain::{
-    ActionAnswer, CreateRunRequest, CreateSessionRequest, MessageId, ModelParameters,
-    PendingKind, PendingToolCall, RequestProblem, RequiredAction, RunDefinition, RunId,
-    RunRecord, RunStatus, RunTool, Session, SessionDefaults, SessionId, ToolCall, ToolChoice,
-    ToolChoiceMode,
+    ActionAnswer, CreateRunRequest, CreateSessionRequest, MessageId, ModelParameters, PendingKind,
+    PendingToolCall, RequestProblem, RequiredAction, RunDefinition, RunId, RunRecord, RunStatus,
+    RunTool, Session, SessionDefaults, SessionId, ToolCall, ToolChoice, ToolChoiceMode,
 };
 use crate::events::{EventPayload, ToolExecutionResult, ToolFailure, ToolSuccess};
 use crate::provider::{ModelRequest, ToolSpec};
@@ -122,9 +121,7 @@ impl Runtime {
         if effective.approval.is_none() && !preset_or_default.approval.is_empty() {
             effective.approval = Some(preset_or_default.approval);
         }
-        effective.max_iterations = request
-            .max_iterations
-            .or(preset_or_default.max_iterations);
+        effective.max_iterations = request.max_iterations.or(preset_or_default.max_iterations);
         effective.action_timeout_ms = request
             .action_timeout_ms
             .or(preset_or_default.action_timeout_ms);
@@ -171,7 +168,10 @@ impl Runtime {
     /// tools that exist, defined tools with compiling schemas and names of their own, an
     /// approval list of the run's server tools, a tool choice among the run's tools, provider
     /// options that set no key the adapter owns.
-    pub(super) fn validate(&self, request: &CreateRunRequest) -> Result<ModelConfig, CreateRunError> {
+    pub(super) fn validate(
+        &self,
+        request: &CreateRunRequest,
+    ) -> Result<ModelConfig, CreateRunError> {
         request
             .check(self.config.max_iterations_cap)
             .map_err(problem)?;
@@ -201,7 +201,9 @@ impl Runtime {
                     if let Err(error) = jsonschema::validator_for(&definition.parameters) {
                         return Err(invalid(
                             "tools",
-                            format!("tools[{index}].parameters is not a valid JSON Schema: {error}"),
+                            format!(
+                                "tools[{index}].parameters is not a valid JSON Schema: {error}"
+                            ),
                         ));
                     }
                     offered.push(&definition.name);
@@ -247,12 +249,15 @@ impl Runtime {
             .providers
             .get(provider)
             .ok_or_else(|| CreateRunError::UnknownProvider(provider.to_owned()))?;
-        let model = entry.config.models.get(model_name).copied().ok_or_else(|| {
-            CreateRunError::UnknownModel {
+        let model = entry
+            .config
+            .models
+            .get(model_name)
+            .copied()
+            .ok_or_else(|| CreateRunError::UnknownModel {
                 provider: provider.to_owned(),
                 model: model_name.to_owned(),
-            }
-        })?;
+            })?;
         if let Some(max) = request.max_output_tokens
             && max > model.max_output_tokens
         {
@@ -329,7 +334,10 @@ impl Runtime {
                 Err(error) => return Err(format!("agents.{name}: {error}")),
             }
             let limits = [
-                (preset.tool_timeout_ms == Some(0), "tool_timeout_ms must be at least 1"),
+                (
+                    preset.tool_timeout_ms == Some(0),
+                    "tool_timeout_ms must be at least 1",
+                ),
                 (
                     preset
                         .doom_loop
@@ -645,8 +653,8 @@ pub(super) async fn settle(
             action
         }
     };
-    let tick = (Duration::from_millis(runtime.config().lease_ttl_ms) / 3)
-        .max(Duration::from_millis(100));
+    let tick =
+        (Duration::from_millis(runtime.config().lease_ttl_ms) / 3).max(Duration::from_millis(100));
     let deadline = tokio::time::Instant::now()
         + (action.expires_at - Utc::now())
             .to_std()
@@ -801,10 +809,7 @@ impl Runtime {
             (_, status) => {
                 return Err(AnswerError::NotWaiting {
                     status,
-                    detail: format!(
-                        "the run is {} and waits for no {route}",
-                        status.as_str()
-                    ),
+                    detail: format!("the run is {} and waits for no {route}", status.as_str()),
                 });
             }
         };

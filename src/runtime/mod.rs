@@ -260,7 +260,9 @@ impl Runtime {
         request
             .check(self.config.max_iterations_cap)
             .map_err(|problem| match problem {
-                crate::domain::RequestProblem::Missing(field) => CreateRunError::MissingField(field),
+                crate::domain::RequestProblem::Missing(field) => {
+                    CreateRunError::MissingField(field)
+                }
                 crate::domain::RequestProblem::Invalid { field, reason } => {
                     CreateRunError::InvalidField { field, reason }
                 }
@@ -383,7 +385,11 @@ impl Runtime {
         let (cancel, abandon, answered) = {
             let mut active = self.active();
             let run = active.entry(run_id).or_insert_with(|| ActiveRun::new(true));
-            (run.cancel.clone(), run.abandon.clone(), run.answered.clone())
+            (
+                run.cancel.clone(),
+                run.abandon.clone(),
+                run.answered.clone(),
+            )
         };
         self.log.feed().open(run_id);
         let emitter = Arc::new(self.log.emitter(run_id, last_sequence, trace));

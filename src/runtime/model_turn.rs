@@ -13,8 +13,8 @@ use crate::events::{
     CacheMetrics, EventPayload, MessageCommitted, ModelRetrying, ReasoningDelta, TextDelta,
     ToolCallCompleted, ToolCallDelta, ToolCallStarted,
 };
-use crate::store::{RunChange, Store, StoreError};
 use crate::provider::{ModelEvent, ModelStream, ProviderError};
+use crate::store::{RunChange, Store, StoreError};
 
 use super::event_log::LogError;
 

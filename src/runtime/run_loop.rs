@@ -16,8 +16,8 @@ use super::tool_exec::{
     self, Execution, InFlight, answer_open_calls, commit_tool_message, skip_calls,
 };
 use super::{DoomLoopDetector, LogError, RunEmitter, Runtime};
-use crate::config::ModelConfig;
 use crate::config::ActionExpiry;
+use crate::config::ModelConfig;
 use crate::domain::{
     ContentPart, ErrorClass, FinishReason, Message, MessageId, Role, RunRecord, RunStatus,
     TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
@@ -196,7 +196,9 @@ pub(super) async fn supervise(
             _ => "not executed: the run ended before this tool call finished",
         };
         // The text of a model call the run ended in is kept, marked incomplete.
-        if let Err(error) = keep_cut_off_text(runtime.store().as_ref(), &emitter, &record_for_cleanup).await {
+        if let Err(error) =
+            keep_cut_off_text(runtime.store().as_ref(), &emitter, &record_for_cleanup).await
+        {
             tracing::error!(%run_id, %error, "could not keep the cut-off text");
         }
         // Every started call is completed, even one cut off mid-stream.
@@ -414,7 +416,10 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 tool_calls: &turn.tool_calls,
             };
             let mut usage = counter.estimate(&progress.history, &progress.tools, &reply);
-            let instructions = record.instructions.as_deref().map_or(0, super::tokens::count_text);
+            let instructions = record
+                .instructions
+                .as_deref()
+                .map_or(0, super::tokens::count_text);
             usage.input_tokens += instructions;
             usage.total_tokens += instructions;
             usage

@@ -230,7 +230,8 @@ impl TryFrom<MessageRow> for Message {
             tool_call_id: row.tool_call_id,
             tool_name: row.tool_name,
             created_at: row.created_at,
-            status: MessageStatus::parse(&row.status).ok_or_else(|| corrupt("status", &row.status))?,
+            status: MessageStatus::parse(&row.status)
+                .ok_or_else(|| corrupt("status", &row.status))?,
         })
     }
 }
