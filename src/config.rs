@@ -964,7 +964,31 @@ mod tests {
     fn shipped_examples_load() -> Result<(), ConfigError> {
         let local = include_str!("../examples/behest.toml");
         assert_eq!(Config::from_toml(local)?.providers.len(), 1);
+        let agents = Config::from_toml(include_str!("../examples/agents.toml"))?;
+        let concierge = &agents.agents["concierge"];
+        assert_eq!(concierge.parameters.temperature, Some(0.3));
+        assert_eq!(concierge.tools.as_ref().map(Vec::len), Some(2));
         Ok(())
+    }
+
+    #[test]
+    fn agent_presets_are_read_strictly() {
+        for (toml, named) in [
+            ("[agents.a]\ntemprature = 1\n", "temprature"),
+            (
+                "[agents.a.parameters]\ntemperature = \"hot\"\n",
+                "temperature",
+            ),
+            ("[agents.\"a b\"]\n", "agents.\"a b\""),
+            ("[runtime]\naction_timeout_ms = 10\n", "action_timeout_ms"),
+            ("[runtime]\naction_expiry = \"later\"\n", "later"),
+        ] {
+            let error = Config::from_toml(toml)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(named), "{toml}: {error}");
+        }
     }
 
     #[test]

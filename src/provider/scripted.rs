@@ -567,11 +567,18 @@ mod tests {
 
     #[test]
     fn stop_instructions_and_parallel_calls_are_honoured() {
-        assert_eq!(cut_at_stop("one two END three", &["END".to_owned()]), ("one two ", true));
+        assert_eq!(
+            cut_at_stop("one two END three", &["END".to_owned()]),
+            ("one two ", true)
+        );
         assert_eq!(cut_at_stop("one", &["x".to_owned()]), ("one", false));
         let mut greeting = request("hi", &[]);
         greeting.instructions = Some("Be kind.".to_owned());
-        assert!(built_in_turn(&greeting).text.starts_with("(My instructions: “Be kind.”.) Hello!"));
+        assert!(
+            built_in_turn(&greeting)
+                .text
+                .starts_with("(My instructions: “Be kind.”.) Hello!")
+        );
         let mut calls = request("call a call b", &["a", "b"]);
         assert_eq!(built_in_turn(&calls).tool_calls.len(), 2);
         calls.parallel_tool_calls = Some(false);

@@ -850,7 +850,13 @@ fn instructions_come_first_in_system_and_options_never_replace_owned_keys() {
             &body["max_tokens"],
             &body["top_k"],
         ),
-        (&json!(0.5), &json!(0.8), &json!(["END"]), &json!(1024), &json!(3))
+        (
+            &json!(0.5),
+            &json!(0.8),
+            &json!(["END"]),
+            &json!(1024),
+            &json!(3)
+        )
     );
     assert!(body.get("seed").is_none());
     // `none` takes no parallel option.
