@@ -517,6 +517,27 @@ fn client_tools() -> Value {
     ])
 }
 
+/// Outputs for the calls of [`parallel_calls`] after the run ended (`run_status`): `409
+/// run_not_waiting`.
+async fn assert_late(server: &TestServer, run_id: &str, run_status: &str) {
+    let (status, problem) = post(
+        server,
+        &format!("/runs/{run_id}/tool_outputs"),
+        &json!({"tool_outputs": [{"call_id": "call_loc", "output": 1},
+                                 {"call_id": "call_wx", "output": 2}]}),
+    )
+    .await;
+    assert_eq!(
+        (
+            status,
+            problem["code"].as_str(),
+            problem["run_status"].as_str()
+        ),
+        (409, Some("run_not_waiting"), Some(run_status)),
+        "{problem}"
+    );
+}
+
 /// The model calls two client tools and one with arguments its schema refuses, in parallel.
 fn parallel_calls(wire: Wire) -> Reply {
     wire.tool_calls(&[
@@ -727,17 +748,7 @@ async fn client_tool_round_trip(backend: Backend) {
         );
 
         // Late: the run is over.
-        let late = json!({"tool_outputs": [{"call_id": "call_loc", "output": 1},
-                                           {"call_id": "call_wx", "output": 1}]});
-        let (status, problem) = post(&server, &path, &late).await;
-        assert_eq!(
-            (
-                status,
-                problem["code"].as_str(),
-                problem["run_status"].as_str()
-            ),
-            (409, Some("run_not_waiting"), Some("completed"))
-        );
+        assert_late(&server, &run_id, "completed").await;
         server.stop().await;
     }
 }
@@ -786,17 +797,7 @@ async fn cancel_while_waiting(backend: Backend) {
             tool_texts.iter().all(|t| t.starts_with("error: cancelled")),
             "{tool_texts:?}"
         );
-        let (status, problem) = post(
-            &server,
-            &format!("/runs/{run_id}/tool_outputs"),
-            &json!({"tool_outputs": [{"call_id": "call_loc", "output": 1},
-                                     {"call_id": "call_wx", "output": 2}]}),
-        )
-        .await;
-        assert_eq!(
-            (status, problem["run_status"].as_str()),
-            (409, Some("cancelled"))
-        );
+        assert_late(&server, &run_id, "cancelled").await;
         // The session goes on.
         fake.push(wire.text("Still here."));
         let next = start(
@@ -859,17 +860,12 @@ async fn an_expired_wait_ends_the_run(backend: Backend) {
             })
             .count();
         assert_eq!(expired, 3, "every call of the turn is answered");
-        let (status, problem) = post(
-            &server,
-            &format!("/runs/{run_id}/tool_outputs"),
-            &json!({"tool_outputs": [{"call_id": "call_loc", "output": 1},
-                                     {"call_id": "call_wx", "output": 2}]}),
-        )
-        .await;
-        assert_eq!(
-            (status, problem["code"].as_str()),
-            (409, Some("run_not_waiting"))
-        );
+        let ended = if ending == "run_failed" {
+            "failed"
+        } else {
+            "cancelled"
+        };
+        assert_late(&server, &run_id, ended).await;
         server.stop().await;
     }
 }
