@@ -35,7 +35,6 @@ pub struct ToolOutput {
     /// What the tool returned: any JSON value (a string reaches the model as text, anything
     /// else as JSON); cut to the server's `runtime.max_tool_output_bytes` like a server tool's.
     #[serde(default, deserialize_with = "present_value")]
-    #[schema(value_type = Option<Object>)]
     pub output: Option<serde_json::Value>,
     /// Why the tool failed.
     #[serde(default)]

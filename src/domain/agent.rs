@@ -348,7 +348,7 @@ pub struct PendingToolCall {
 /// the client executes or a person approves. Answer every `client_tool` call at once with
 /// `POST /runs/{run_id}/tool_outputs`, every `approval` call at once with
 /// `POST /runs/{run_id}/approvals`; the run resumes when all are answered, and fails (or is
-/// cancelled, `[runtime] action_timeout`) at `expires_at`.
+/// cancelled, `[runtime] action_expiry`) at `expires_at`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RequiredAction {
     /// The assistant message whose tool calls these are.
