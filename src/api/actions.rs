@@ -30,14 +30,16 @@ pub struct ToolOutputsRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolOutput {
-    /// The call answered (`required_action.tool_calls[].call_id`).
+    /// The call answered (`required_action.tool_calls[].call_id`); no U+0000.
+    #[schema(pattern = r"^[^\u0000]*$")]
     pub call_id: String,
     /// What the tool returned: any JSON value (a string reaches the model as text, anything
     /// else as JSON); cut to the server's `runtime.max_tool_output_bytes` like a server tool's.
     #[serde(default, deserialize_with = "present_value")]
     pub output: Option<serde_json::Value>,
-    /// Why the tool failed.
+    /// Why the tool failed; no U+0000.
     #[serde(default)]
+    #[schema(pattern = r"^[^\u0000]*$")]
     pub error: Option<String>,
 }
 
@@ -63,13 +65,15 @@ pub struct ApprovalsRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Approval {
-    /// The call decided on.
+    /// The call decided on; no U+0000.
+    #[schema(pattern = r"^[^\u0000]*$")]
     pub call_id: String,
     /// `true`: the tool runs; `false`: it does not, and the model sees a `Failure`
     /// "rejected by the user: <reason>".
     pub approve: bool,
-    /// Why, shown to the model with a rejection.
+    /// Why, shown to the model with a rejection; no U+0000.
     #[serde(default)]
+    #[schema(pattern = r"^[^\u0000]*$")]
     pub reason: Option<String>,
 }
 

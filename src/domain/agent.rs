@@ -337,7 +337,8 @@ pub struct PendingToolCall {
     pub call_id: String,
     /// The tool called.
     pub tool_name: String,
-    /// The model's arguments (validated against the tool's JSON Schema).
+    /// The model's arguments, a JSON object valid against the tool's JSON Schema.
+    #[schema(value_type = Object)]
     pub arguments: serde_json::Value,
     /// How it is answered.
     pub kind: PendingKind,

@@ -755,9 +755,9 @@ impl RunRecord {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionRequest {
-    /// A title for people (at most 1000 bytes).
+    /// A title for people (at most 1000 bytes, no U+0000).
     #[serde(default)]
-    #[schema(max_length = 1000)]
+    #[schema(max_length = 1000, pattern = r"^[^\u0000]*$")]
     pub title: Option<String>,
     /// Any JSON object of at most 16384 bytes serialized; default `{}`.
     #[serde(default)]
@@ -774,9 +774,9 @@ pub struct CreateSessionRequest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateSessionRequest {
-    /// A new title (at most 1000 bytes); `null` removes it.
+    /// A new title (at most 1000 bytes, no U+0000); `null` removes it.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>, max_length = 1000)]
+    #[schema(value_type = Option<String>, max_length = 1000, pattern = r"^[^\u0000]*$")]
     pub title: Option<Option<String>>,
     /// A new metadata object (replaces the old one whole; at most 16384 bytes serialized).
     #[serde(default)]
