@@ -329,7 +329,7 @@ function actionForm(current, transcript, event) {
     }
     form.append(row);
   }
-  const send = el('button', null, 'Send');
+  const send = el('button', null, 'Answer the run');
   send.type = 'submit';
   form.append(send);
   form.addEventListener('submit', async (submitEvent) => {
