@@ -397,8 +397,7 @@ impl Runtime {
         self.store
             .create_session(&session)
             .await
-            .map_err(CreateRunError::Store)?;
-        Ok(session)
+            .map_err(CreateRunError::Store)
     }
 }
 

@@ -384,8 +384,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`StoreError::RunActive`] while the run is not terminal (nothing is deleted).
     async fn delete_snapshot(&self, run_id: RunId) -> StoreResult<bool>;
 
-    /// Removes the events and snapshots of up to `limit` runs that ended before `ended_before`
-    /// (one transaction) and marks them `events_removed_at`; returns how many runs.
+    /// Removes the events, snapshots and recorded tool answers of up to `limit` runs that ended
+    /// before `ended_before` (one transaction) and marks them `events_removed_at`; returns how
+    /// many runs.
     async fn remove_expired_events(
         &self,
         ended_before: DateTime<Utc>,
@@ -405,8 +406,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`StoreError::SessionBusy`] while it has an active run (nothing is deleted).
     async fn delete_session(&self, id: SessionId) -> StoreResult<bool>;
 
-    /// Creates a session without runs.
-    async fn create_session(&self, session: &Session) -> StoreResult<()>;
+    /// Creates a session without runs; returns it as stored (PostgreSQL keeps microseconds).
+    async fn create_session(&self, session: &Session) -> StoreResult<Session>;
 
     /// Changes a session's title and metadata (and `updated_at`); `None` when it does not
     /// exist.

@@ -912,10 +912,11 @@ macro_rules! impl_store {
             async fn create_session(
                 &self,
                 session: &$crate::domain::Session,
-            ) -> $crate::store::StoreResult<()> {
+            ) -> $crate::store::StoreResult<$crate::domain::Session> {
                 use $crate::store::sql::{SESSION_COLUMNS, to_json};
-                sqlx::query(&format!(
-                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+                let row: $crate::store::sql::SessionRow = sqlx::query_as(&format!(
+                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) \
+                     RETURNING {SESSION_COLUMNS}"
                 ))
                 .bind(session.id.0)
                 .bind(session.created_at)
@@ -923,9 +924,9 @@ macro_rules! impl_store {
                 .bind(session.title.as_deref())
                 .bind(to_json(&session.metadata)?)
                 .bind(to_json(&session.defaults)?)
-                .execute(&self.pool)
+                .fetch_one(&self.pool)
                 .await?;
-                Ok(())
+                row.try_into()
             }
 
             async fn update_session(
@@ -1103,6 +1104,7 @@ macro_rules! impl_store {
                 for statement in [
                     "DELETE FROM events WHERE run_id IN (",
                     "DELETE FROM snapshots WHERE run_id IN (",
+                    "DELETE FROM action_answers WHERE run_id IN (",
                     "UPDATE runs SET events_removed_at = ",
                 ] {
                     let mut query = sqlx::QueryBuilder::<$db>::new(statement);
