@@ -16,8 +16,7 @@ use super::tool_exec::{
     self, Execution, InFlight, answer_open_calls, commit_tool_message, skip_calls,
 };
 use super::{DoomLoopDetector, LogError, RunEmitter, Runtime};
-use crate::config::ActionExpiry;
-use crate::config::ModelConfig;
+use crate::config::{ActionExpiry, ModelConfig};
 use crate::domain::{
     ContentPart, ErrorClass, FinishReason, Message, MessageId, Role, RunRecord, RunStatus,
     TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
