@@ -30,6 +30,8 @@ pub struct Config {
     /// Built-in tools to offer, by name (`builtin_tools = ["current_time"]`); see
     /// `tools::builtin`. Default none (the no-config demo adds `current_time`).
     pub builtin_tools: Vec<String>,
+    /// Agent presets by name (`[agents.<name>]`): what `POST /runs {"agent": "<name>"}` runs.
+    pub agents: BTreeMap<String, AgentPreset>,
 }
 
 impl Default for Config {
@@ -42,6 +44,80 @@ impl Default for Config {
             mcp_servers: BTreeMap::new(),
             http_tools: BTreeMap::new(),
             builtin_tools: Vec::new(),
+            agents: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[agents.<name>]`: a named agent a run can start from (`"agent": "<name>"`); every field a
+/// run's request gives overrides the preset's. Checked at startup against the providers,
+/// models and tools (the same checks as a run's request).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentPreset {
+    /// What the agent is for, for people (`GET /agents`).
+    #[serde(default)]
+    pub description: String,
+    /// Provider id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// Model parameters (`[agents.<name>.parameters]`: `temperature`, `top_p`,
+    /// `max_output_tokens`, `stop`, `seed`, `parallel_tool_calls`).
+    #[serde(default)]
+    pub parameters: crate::domain::ModelParameters,
+    /// Passed through into the provider request body (as a run's `provider_options`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_options: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The tools: server tool names and tool definitions the client executes; absent: every
+    /// server tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<crate::domain::RunTool>>,
+    /// Server tools whose calls wait for approval.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<String>,
+    /// Model calls per run at most (up to `runtime.max_iterations_cap`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<u32>,
+    /// Time one tool call may take, in ms (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_timeout_ms: Option<u64>,
+    /// How long a run may wait in `requires_action`, in ms (1000 to 604800000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_timeout_ms: Option<u64>,
+    /// Doom-loop settings; each one given replaces the server's `[runtime.doom_loop]` one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doom_loop: Option<DoomLoopOverride>,
+}
+
+/// `[agents.<name>.doom_loop]`: the settings a preset changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DoomLoopOverride {
+    /// Whether detection is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Repetitions that are a doom loop (at least 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<u32>,
+    /// Tools meant to be polled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
+}
+
+impl DoomLoopOverride {
+    /// `base` with the settings given here.
+    #[must_use]
+    pub fn over(&self, base: &DoomLoopConfig) -> DoomLoopConfig {
+        DoomLoopConfig {
+            enabled: self.enabled.unwrap_or(base.enabled),
+            threshold: self.threshold.unwrap_or(base.threshold),
+            allow: self.allow.clone().unwrap_or_else(|| base.allow.clone()),
         }
     }
 }
@@ -95,6 +171,23 @@ pub struct RuntimeConfig {
     pub event_retention_secs: Option<u64>,
     /// Runs whose events one retention transaction removes at most; default 100.
     pub retention_batch_runs: u32,
+    /// How long a run may wait in `requires_action` for tool outputs or approvals, in ms
+    /// (a run or preset may set its own); default 600000 (10 minutes), 1000 to 604800000.
+    pub action_timeout_ms: u64,
+    /// What ends a run whose wait passed its deadline: `fail` (`run_failed`, error class
+    /// `action_expired`; the default) or `cancel` (`run_cancelled`).
+    pub action_expiry: ActionExpiry,
+}
+
+/// `[runtime] action_expiry`: how a run whose `requires_action` wait expired ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionExpiry {
+    /// `run_failed` with error class `action_expired` (the default).
+    #[default]
+    Fail,
+    /// `run_cancelled`.
+    Cancel,
 }
 
 /// `[runtime] recovery`: what becomes of a run whose process died.
@@ -108,31 +201,9 @@ pub enum Recovery {
     Fail,
 }
 
-/// `[runtime.doom_loop]`: when repeated tool calls end a run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DoomLoopConfig {
-    /// Whether detection is on; default true.
-    pub enabled: bool,
-    /// The same step (one model turn's calls, each name + canonical JSON arguments, or the raw
-    /// text of invalid arguments; the order of parallel calls ignored) this many times in a
-    /// row, or a cycle of 2 to 4 steps repeated this many times, is a doom loop; default 3 (at
-    /// least 2).
-    pub threshold: u32,
-    /// Tools meant to be polled (e.g. `["check_status"]`): their calls never trip the
-    /// detector; default none.
-    pub allow: Vec<String>,
-}
-
-impl Default for DoomLoopConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            threshold: 3,
-            allow: Vec::new(),
-        }
-    }
-}
+/// `[runtime.doom_loop]`: when repeated tool calls end a run (also the shape a run record
+/// shows).
+pub use crate::domain::DoomLoopSettings as DoomLoopConfig;
 
 /// `[mcp_servers.<id>]`: an MCP server, over stdio (a child process) or streamable HTTP.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,6 +222,9 @@ pub enum McpServerConfig {
         /// Its tools that are safe to execute twice (re-executed when a crash cut a call off).
         #[serde(default)]
         idempotent_tools: Vec<String>,
+        /// Its tools whose calls wait for a person's approval before they run.
+        #[serde(default)]
+        requires_approval_tools: Vec<String>,
     },
     /// A streamable-HTTP MCP endpoint.
     Http {
@@ -162,6 +236,9 @@ pub enum McpServerConfig {
         /// Its tools that are safe to execute twice (re-executed when a crash cut a call off).
         #[serde(default)]
         idempotent_tools: Vec<String>,
+        /// Its tools whose calls wait for a person's approval before they run.
+        #[serde(default)]
+        requires_approval_tools: Vec<String>,
     },
 }
 
@@ -184,6 +261,10 @@ pub struct HttpToolConfig {
     /// (otherwise it gets an "interrupted, outcome unknown" result); default false.
     #[serde(default)]
     pub idempotent: bool,
+    /// Each call waits for a person's approval (`POST /runs/{run_id}/approvals`) before it
+    /// runs; default false.
+    #[serde(default)]
+    pub requires_approval: bool,
 }
 
 fn empty_object_schema() -> serde_json::Value {
@@ -210,6 +291,8 @@ impl Default for RuntimeConfig {
             shutdown_grace_ms: 10_000,
             event_retention_secs: None,
             retention_batch_runs: 100,
+            action_timeout_ms: 600_000,
+            action_expiry: ActionExpiry::Fail,
         }
     }
 }
@@ -261,6 +344,11 @@ pub struct ProviderConfig {
     /// `reasoning_content`; default `none`.
     #[serde(default)]
     pub reasoning_replay: ReasoningReplay,
+    /// `kind = "openai"`: the role of the message carrying a run's instructions: `system`
+    /// (default; what every compatible server reads) or `developer` (OpenAI's name for it with
+    /// its reasoning models).
+    #[serde(default)]
+    pub instructions_role: InstructionsRole,
     /// `kind = "openai"`: `reasoning_effort` sent with every request (`low`, `medium`, `high`);
     /// absent: not sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -321,6 +409,28 @@ pub enum ReasoningReplay {
     ToolTurns,
     /// Sent on every assistant message that has reasoning.
     All,
+}
+
+/// `instructions_role`: the Chat Completions role that carries the instructions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstructionsRole {
+    /// `{"role": "system"}`.
+    #[default]
+    System,
+    /// `{"role": "developer"}`.
+    Developer,
+}
+
+impl InstructionsRole {
+    /// The wire value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::Developer => "developer",
+        }
+    }
 }
 
 /// `reasoning_effort` of OpenAI-compatible reasoning models.
@@ -576,9 +686,22 @@ impl Config {
                 runtime.retention_batch_runs >= 1,
                 "runtime.retention_batch_runs must be at least 1",
             ),
+            (
+                crate::domain::ACTION_TIMEOUT_MS.contains(&runtime.action_timeout_ms),
+                "runtime.action_timeout_ms must be from 1000 to 604800000 (7 days)",
+            ),
         ];
         if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {
             return Err(ConfigError::Check((*message).to_owned()));
+        }
+        if let Some(name) = self
+            .agents
+            .keys()
+            .find(|name| !crate::domain::is_tool_name(name))
+        {
+            return Err(ConfigError::Check(format!(
+                "agents.\"{name}\": an agent name is 1 to 64 letters, digits, `_` or `-`"
+            )));
         }
         for (id, provider) in &mut self.providers {
             if provider.kind != ProviderKind::Scripted
@@ -678,6 +801,11 @@ fn provider_options_check(id: &str, provider: &ProviderConfig) -> Result<(), Con
         (
             provider.assistant_tool_call_content != AssistantToolCallContent::Null,
             "assistant_tool_call_content",
+            ProviderKind::Openai,
+        ),
+        (
+            provider.instructions_role != InstructionsRole::System,
+            "instructions_role",
             ProviderKind::Openai,
         ),
     ];
@@ -836,7 +964,31 @@ mod tests {
     fn shipped_examples_load() -> Result<(), ConfigError> {
         let local = include_str!("../examples/behest.toml");
         assert_eq!(Config::from_toml(local)?.providers.len(), 1);
+        let agents = Config::from_toml(include_str!("../examples/agents.toml"))?;
+        let concierge = &agents.agents["concierge"];
+        assert_eq!(concierge.parameters.temperature, Some(0.3));
+        assert_eq!(concierge.tools.as_ref().map(Vec::len), Some(2));
         Ok(())
+    }
+
+    #[test]
+    fn agent_presets_are_read_strictly() {
+        for (toml, named) in [
+            ("[agents.a]\ntemprature = 1\n", "temprature"),
+            (
+                "[agents.a.parameters]\ntemperature = \"hot\"\n",
+                "temperature",
+            ),
+            ("[agents.\"a b\"]\n", "agents.\"a b\""),
+            ("[runtime]\naction_timeout_ms = 10\n", "action_timeout_ms"),
+            ("[runtime]\naction_expiry = \"later\"\n", "later"),
+        ] {
+            let error = Config::from_toml(toml)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(named), "{toml}: {error}");
+        }
     }
 
     #[test]

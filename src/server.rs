@@ -33,12 +33,15 @@ pub enum ServeError {
     /// Binding or serving failed.
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// An agent preset would not run (unknown provider, model or tool, a bad parameter).
+    #[error("invalid configuration: {0}")]
+    Agents(String),
 }
 
 /// Builds the runtime of a configuration over an opened store.
 ///
 /// # Errors
-/// When a provider's HTTP client cannot be built.
+/// When a provider's HTTP client cannot be built, or an agent preset would not run.
 pub fn runtime(
     config: &Config,
     store: Arc<dyn store::Store>,
@@ -55,12 +58,15 @@ pub fn runtime(
             },
         );
     }
-    Ok(Runtime::new(
+    let runtime = Runtime::with_agents(
         store,
         providers,
         tools,
         config.runtime.clone(),
-    ))
+        config.agents.clone(),
+    );
+    runtime.check_agents().map_err(ServeError::Agents)?;
+    Ok(runtime)
 }
 
 /// `behest serve`: [`serve`] on a new multi-threaded Tokio runtime, until it returns.

@@ -45,6 +45,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
         assistant_tool_call_content: AssistantToolCallContent::Null,
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
+        instructions_role: Default::default(),
         thinking_budget_tokens: None,
         token_delay_ms: None,
         script: None,
@@ -64,6 +65,7 @@ fn hello() -> ModelRequest {
         tools: Vec::new(),
         tool_choice: ToolChoice::default(),
         max_output_tokens: None,
+        ..ModelRequest::default()
     }
 }
 
@@ -200,6 +202,7 @@ async fn tool_use_request_and_parallel_answer() -> TestResult {
             name: "get_weather".to_owned(),
         },
         max_output_tokens: Some(256),
+        ..ModelRequest::default()
     };
     let provider = provider(&fake.base_url())?;
     let (events, error) = run(&provider, request).await?;

@@ -1,7 +1,7 @@
 //! The first hour: the real `behest serve` binary with no configuration offers the built-in demo
 //! model and tool, logs plain text to a pipe, and its web console works in a real browser
 //! (Debian's headless Chromium driven by playwright-core), through a proxy that cuts the event
-//! stream mid-run.
+//! stream mid-run, and answers a run that waits for the client (a tool output, an approval).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -266,7 +266,7 @@ async fn console_works_in_a_real_browser() {
             .lines()
             .filter(|line| line.starts_with("ok: "))
             .count(),
-        6,
+        7,
         "{stdout}"
     );
     assert!(

@@ -45,6 +45,7 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
         assistant_tool_call_content: AssistantToolCallContent::Null,
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
+        instructions_role: Default::default(),
         thinking_budget_tokens: None,
         token_delay_ms: None,
         script: None,
@@ -90,10 +91,12 @@ fn hello() -> ModelRequest {
             tool_call_id: None,
             tool_name: None,
             created_at: chrono::Utc::now(),
+            status: Default::default(),
         }],
         tools: Vec::new(),
         tool_choice: ToolChoice::default(),
         max_output_tokens: None,
+        ..ModelRequest::default()
     }
 }
 

@@ -1,7 +1,8 @@
 //! A session never becomes unusable (issue #8, "done when"): one multi-turn session over each
 //! wire format (OpenAI Chat Completions, Anthropic Messages) and each store backend goes through
 //! tool calls, recorded reasoning turns (DeepSeek `reasoning_content`, Anthropic extended
-//! thinking), a malformed tool call, an empty answer, a refusal, a cancel in the middle of a
+//! thinking), a malformed tool call, an empty answer, a refusal, a cancel and a cut in the
+//! middle of an answer (whose text is kept, marked incomplete), a cancel in the middle of a
 //! tool and a crash (state left active in the store, then a new server over the same database
 //! recovers it), and keeps working to the end; every request the fake provider received passes
 //! the provider's own validation rules (`support::validate`).
@@ -94,6 +95,21 @@ impl Script {
                 body.into_bytes()
             }
             Wire::Anthropic => self.anthropic_tool_use(id, name, &["{\"a\": 1, ", "\"b\""]),
+        }
+    }
+
+    /// The start of a text answer that never ends: held open (`cut` false) or cut.
+    fn partial(&self, text: &str, cut: bool) -> Reply {
+        let body = match self.wire {
+            Wire::OpenAi => (chunk(json!({"role": "assistant", "content": ""}), None)
+                + &chunk(json!({"content": text}), None))
+                .into_bytes(),
+            Wire::Anthropic => fake_anthropic::text_start(text),
+        };
+        if cut {
+            Reply::close_after(&body)
+        } else {
+            Reply::stall_after(&body)
         }
     }
 
@@ -242,6 +258,9 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
             input: "add 4 and 4".to_owned(),
             user_message_id: MessageId::new(),
             tools: None,
+            agent: None,
+            definition: Default::default(),
+            session_defaults: None,
             max_iterations: 25,
             client_request_id: None,
             request_hash: None,
@@ -269,6 +288,7 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
         tool_call_id: None,
         tool_name: None,
         created_at: now,
+        status: Default::default(),
     };
     let event = |sequence: u64, payload: EventPayload| {
         let event = AgentEvent {
@@ -448,6 +468,53 @@ async fn a_session_survives_everything(backend: Backend, wire: Wire) {
         );
     }
 
+    // 4b. A cancel mid-stream: the text streamed so far is kept as an assistant message marked
+    // incomplete, shown in the run's output and sent as context next time.
+    fake.push(script.partial("Half an answer", false));
+    let run_id = server
+        .create_run(body("start answering", Some(&session)))
+        .await["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    {
+        use eventsource_stream::Eventsource;
+        use futures::StreamExt;
+        let mut stream = server
+            .watch(&run_id, None)
+            .await
+            .bytes_stream()
+            .eventsource();
+        while let Some(event) = stream.next().await {
+            if event.unwrap().event == "text_delta" {
+                break;
+            }
+        }
+    }
+    let response = server
+        .client
+        .post(server.url(&format!("/runs/{run_id}/cancel?wait=true")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    assert_eq!(output["status"], "cancelled");
+    assert_eq!(
+        (
+            output["messages"][0]["status"].as_str(),
+            output["messages"][0]["content"][0]["text"].as_str()
+        ),
+        (Some("incomplete"), Some("Half an answer"))
+    );
+    // 4c. A stream cut mid-answer fails the run; its text is kept the same way.
+    fake.push(script.partial("Cut answer", true));
+    let (run_id, _, record) = run(&server, body("answer and break", Some(&session))).await;
+    assert_eq!(record["status"], "failed");
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    assert_eq!(output["messages"][0]["status"], "incomplete");
+    assert_eq!(output["messages"][0]["content"][0]["text"], "Cut answer");
+
     // 5. A cancel while a tool runs.
     fake.push(Reply::sse(&script.tool_call(
         "call_hang",
@@ -549,7 +616,13 @@ async fn a_session_survives_everything(backend: Backend, wire: Wire) {
 
     // Every request of the session is one the provider accepts.
     let requests = fake.requests();
-    assert_eq!(requests.len(), 10);
+    assert_eq!(requests.len(), 12);
+    // The incomplete answers were context for the next model call.
+    let next = requests[10].body["messages"].to_string();
+    assert!(
+        next.contains("Half an answer") && next.contains("Cut answer"),
+        "{next}"
+    );
     for (n, request) in requests.iter().enumerate() {
         let errors = match wire {
             Wire::OpenAi => validate_openai_request(&request.body),

@@ -33,6 +33,9 @@ fn new_run(session_id: SessionId, create_session: bool) -> NewRun {
         input: "Bonjour, ça va ? 你好".to_owned(),
         user_message_id: MessageId::new(),
         tools: None,
+        agent: None,
+        definition: Default::default(),
+        session_defaults: None,
         max_iterations: 25,
         client_request_id: None,
         request_hash: None,
@@ -315,6 +318,7 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
         tool_call_id: None,
         tool_name: None,
         created_at: Utc::now(),
+        status: Default::default(),
     };
     let tool = Message {
         id: MessageId::new(),
@@ -351,6 +355,7 @@ async fn messages_keep_order_parts_and_tool_calls(backend: Backend) {
         messages[1],
         Message {
             created_at: messages[1].created_at,
+            status: Default::default(),
             ..assistant.clone()
         }
     );
@@ -674,7 +679,205 @@ async fn snapshots_follow_boundaries_and_retention_removes_them(backend: Backend
     db.cleanup().await;
 }
 
+/// Answers to a paused run: stored only while it waits on that turn and before its deadline,
+/// each call once (of two concurrent submissions one wins), and `close_action` sees every
+/// submission that came before it; the required action is cleared when the run moves on.
+async fn answers_to_a_paused_run(backend: Backend) {
+    use behest::domain::{ActionAnswer, PendingKind, PendingToolCall, RequiredAction};
+    use behest::store::SubmitOutcome;
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let run = new_run(SessionId::new(), true);
+    store.create_run(&run).await.unwrap();
+    let message_id = MessageId::new();
+    let action = |expires_at| RequiredAction {
+        message_id,
+        tool_calls: vec![PendingToolCall {
+            call_id: "call_1".to_owned(),
+            tool_name: "get_location".to_owned(),
+            arguments: json!({}),
+            kind: PendingKind::ClientTool,
+        }],
+        expires_at,
+    };
+    let answer = vec![(
+        "call_1".to_owned(),
+        ActionAnswer::Output(json!({"city": "Paris"})),
+    )];
+    let now = behest::store::unix_ms(Utc::now());
+    // Not waiting yet.
+    assert_eq!(
+        store
+            .submit_answers(run.id, message_id, &answer, now)
+            .await
+            .unwrap(),
+        SubmitOutcome::NotWaiting(RunStatus::Pending)
+    );
+    let paused = RunChange {
+        status: Some(RunStatus::RequiresAction),
+        required_action: Some(action(Utc::now() + chrono::Duration::minutes(5))),
+        ..RunChange::default()
+    };
+    apply(store.as_ref(), run.id, 1, paused).await;
+    let record = store.get_run(run.id).await.unwrap().unwrap();
+    assert_eq!(record.status, RunStatus::RequiresAction);
+    assert_eq!(
+        record.required_action.as_ref().unwrap().message_id,
+        message_id
+    );
+    // Another turn's message id, a passed deadline: refused.
+    assert_eq!(
+        store
+            .submit_answers(run.id, MessageId::new(), &answer, now)
+            .await
+            .unwrap(),
+        SubmitOutcome::NotWaiting(RunStatus::RequiresAction)
+    );
+    let later = now + 10 * 60 * 1000;
+    assert_eq!(
+        store
+            .submit_answers(run.id, message_id, &answer, later)
+            .await
+            .unwrap(),
+        SubmitOutcome::Expired
+    );
+    // Two at once: one is stored, the other finds the call answered.
+    let (a, b) = tokio::join!(
+        store.submit_answers(run.id, message_id, &answer, now),
+        store.submit_answers(run.id, message_id, &answer, now)
+    );
+    let mut outcomes = [a.unwrap(), b.unwrap()].to_vec();
+    outcomes.sort_by_key(|o| format!("{o:?}"));
+    assert_eq!(
+        outcomes,
+        [
+            SubmitOutcome::Accepted,
+            SubmitOutcome::AlreadyAnswered("call_1".to_owned())
+        ]
+    );
+    assert_eq!(store.close_action(run.id).await.unwrap(), answer);
+    assert_eq!(store.action_answers(run.id).await.unwrap(), answer);
+    // The run moves on: the required action is gone, answers are refused.
+    apply(
+        store.as_ref(),
+        run.id,
+        2,
+        status(RunStatus::WaitingForTools),
+    )
+    .await;
+    let record = store.get_run(run.id).await.unwrap().unwrap();
+    assert_eq!(record.required_action, None);
+    assert_eq!(
+        store
+            .submit_answers(run.id, message_id, &answer, now)
+            .await
+            .unwrap(),
+        SubmitOutcome::NotWaiting(RunStatus::WaitingForTools)
+    );
+    assert_eq!(
+        store
+            .submit_answers(RunId::new(), message_id, &answer, now)
+            .await
+            .unwrap(),
+        SubmitOutcome::NotFound
+    );
+    db.cleanup().await;
+}
+
+/// Sessions made without a run, changed, and read page by page; the first run of a session
+/// records its defaults, a later one does not.
+async fn sessions_pages_and_defaults(backend: Backend) {
+    use behest::domain::{Session, SessionDefaults};
+    use behest::store::SessionPatch;
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let now = Utc::now();
+    let session = Session {
+        id: SessionId::new(),
+        created_at: now,
+        updated_at: now,
+        title: Some("t".to_owned()),
+        metadata: json!({"k": 1}),
+        defaults: SessionDefaults::default(),
+    };
+    let created = store.create_session(&session).await.unwrap();
+    assert_eq!(
+        (&created.title, &created.metadata),
+        (&session.title, &session.metadata)
+    );
+    assert_eq!(store.get_session(session.id).await.unwrap(), Some(created));
+    let patched = store
+        .update_session(
+            session.id,
+            &SessionPatch {
+                title: Some(None),
+                metadata: Some(json!({"k": 2})),
+            },
+            Utc::now(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((patched.title, patched.metadata), (None, json!({"k": 2})));
+    assert_eq!(
+        store
+            .update_session(SessionId::new(), &SessionPatch::default(), Utc::now())
+            .await
+            .unwrap(),
+        None
+    );
+    let remember = |model: &str| SessionDefaults {
+        model: Some(model.to_owned()),
+        ..SessionDefaults::default()
+    };
+    for model in ["first", "second"] {
+        let mut run = new_run(session.id, false);
+        run.session_defaults = Some(remember(model));
+        store.create_run(&run).await.unwrap();
+        let mut done = EventWrite {
+            run_id: run.id,
+            event: event(1, "run_completed", true),
+            outcome: Some(RunOutcome {
+                status: RunStatus::Completed,
+                finish_reason: Some(FinishReason::Stop),
+                error: None,
+            }),
+            change: RunChange::default(),
+        };
+        done.change.status = None;
+        store.append_events(&[done]).await.unwrap();
+    }
+    let stored = store.get_session(session.id).await.unwrap().unwrap();
+    assert_eq!(stored.defaults, remember("first"), "only the first run's");
+    let all = store.session_messages(session.id).await.unwrap();
+    let first = store
+        .session_messages_page(session.id, None, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, all[..1]);
+    let rest = store
+        .session_messages_page(session.id, Some(first[0].id), 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rest, all[1..]);
+    assert_eq!(
+        store
+            .session_messages_page(SessionId::new(), Some(first[0].id), 10)
+            .await
+            .unwrap(),
+        None,
+        "a cursor of another session"
+    );
+    db.cleanup().await;
+}
+
 on_both_backends!(
+    answers_to_a_paused_run,
+    sessions_pages_and_defaults,
     one_active_run_per_session_and_idempotency_keys,
     create_run_stores_session_run_and_user_message,
     run_in_missing_session_writes_nothing,

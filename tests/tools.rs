@@ -30,6 +30,7 @@ fn stdio_fixture(log: &Path) -> BTreeMap<String, McpServerConfig> {
         "fixture".to_owned(),
         McpServerConfig::Stdio {
             idempotent_tools: Vec::new(),
+            requires_approval_tools: Vec::new(),
             command: FIXTURE.to_owned(),
             args: Vec::new(),
             env: BTreeMap::from([(
@@ -279,6 +280,7 @@ async fn a_server_that_cannot_start_is_named() {
         "ghost".to_owned(),
         McpServerConfig::Stdio {
             idempotent_tools: Vec::new(),
+            requires_approval_tools: Vec::new(),
             command: "/nonexistent/behest-no-such-server".to_owned(),
             args: Vec::new(),
             env: BTreeMap::new(),
@@ -297,6 +299,7 @@ async fn a_server_that_cannot_start_is_named() {
         "mute".to_owned(),
         McpServerConfig::Stdio {
             idempotent_tools: Vec::new(),
+            requires_approval_tools: Vec::new(),
             command: "true".to_owned(),
             args: Vec::new(),
             env: BTreeMap::new(),
@@ -344,6 +347,7 @@ async fn http_tool_server() -> String {
 fn http_tool(url: String, headers: &[(&str, &str)]) -> HttpToolConfig {
     HttpToolConfig {
         idempotent: false,
+        requires_approval: false,
         description: "An HTTP tool.".to_owned(),
         url,
         parameters: json!({
@@ -534,6 +538,7 @@ async fn streamable_http_mcp_server_lists_calls_and_cancels() {
         "remote".to_owned(),
         McpServerConfig::Http {
             idempotent_tools: Vec::new(),
+            requires_approval_tools: Vec::new(),
             url: url.clone(),
             headers: BTreeMap::from([("x-token".to_owned(), "t".to_owned())]),
         },
@@ -576,6 +581,7 @@ async fn streamable_http_mcp_server_lists_calls_and_cancels() {
         "remote".to_owned(),
         McpServerConfig::Http {
             idempotent_tools: Vec::new(),
+            requires_approval_tools: Vec::new(),
             url,
             headers: BTreeMap::new(),
         },

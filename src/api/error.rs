@@ -8,8 +8,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::{CreateRunRequest, RunId, RunStatus};
-use crate::runtime::CreateRunError;
+use super::extract::Body;
+use crate::domain::{RunId, RunStatus};
+use crate::runtime::{AnswerError, CreateRunError};
 use crate::store::StoreError;
 
 /// An RFC 9457 problem document.
@@ -99,6 +100,13 @@ impl ApiError {
         self
     }
 
+    /// Names the run's status.
+    #[must_use]
+    pub fn with_status(mut self, status: RunStatus) -> Self {
+        self.0.run_status = Some(status);
+        self
+    }
+
     /// Names the run and its status.
     #[must_use]
     pub fn run(mut self, run_id: RunId, status: Option<RunStatus>) -> Self {
@@ -133,8 +141,8 @@ impl ApiError {
     /// 422 `invalid_body` in words for serde's message `located` (prefixed with the path of
     /// the offending value when there is one).
     #[must_use]
-    pub(super) fn body_mismatch(located: &str) -> Self {
-        body_mismatch(located)
+    pub(super) fn body_mismatch<T: Body>(located: &str) -> Self {
+        body_mismatch::<T>(located)
     }
 }
 
@@ -174,7 +182,7 @@ impl From<JsonRejection> for ApiError {
                 let located = std::error::Error::source(&e)
                     .map(ToString::to_string)
                     .unwrap_or_else(|| source_text(&e));
-                body_mismatch(&located)
+                body_mismatch::<serde_json::Value>(&located)
             }
             JsonRejection::MissingJsonContentType(_) => Self::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -264,6 +272,9 @@ impl From<CreateRunError> for ApiError {
             CreateRunError::UnknownModel { .. } => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_model", detail).field("model")
             }
+            CreateRunError::UnknownAgent(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_agent", detail).field("agent")
+            }
             CreateRunError::SessionNotFound(_) => {
                 Self::new(StatusCode::NOT_FOUND, "session_not_found", detail).field("session_id")
             }
@@ -280,6 +291,41 @@ impl From<CreateRunError> for ApiError {
             }
             CreateRunError::ShuttingDown => Self::shutting_down(),
             CreateRunError::Store(error) => Self::internal(&error),
+        }
+    }
+}
+
+impl From<AnswerError> for ApiError {
+    /// 404 `run_not_found`; 409 `run_not_waiting` (with the run's status: not, or no longer,
+    /// waiting for answers of this kind; the deadline passed), 409 `tool_call_answered` (by an
+    /// earlier request); 422 `unknown_tool_call`, `duplicate_tool_call`, `missing_tool_calls`
+    /// naming the body's list field.
+    fn from(error: AnswerError) -> Self {
+        let detail = error.to_string();
+        match error {
+            AnswerError::RunNotFound(id) => Self::run_not_found(&id.to_string()),
+            AnswerError::NotWaiting { status, .. } => {
+                Self::new(StatusCode::CONFLICT, "run_not_waiting", detail).with_status(status)
+            }
+            AnswerError::AlreadyAnswered(_) => {
+                Self::new(StatusCode::CONFLICT, "tool_call_answered", detail)
+            }
+            AnswerError::UnknownCall(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown_tool_call",
+                detail,
+            ),
+            AnswerError::DuplicateCall(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "duplicate_tool_call",
+                detail,
+            ),
+            AnswerError::Missing(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "missing_tool_calls",
+                detail,
+            ),
+            AnswerError::Store(error) => Self::internal(&error),
         }
     }
 }
@@ -313,22 +359,31 @@ fn clip(mut text: String, max: usize) -> String {
 /// 422 `invalid_body` for a JSON body of the wrong shape, in words rather than serde's (which
 /// name Rust types, "untagged enum", "expected u32"): `located` is serde's message, prefixed
 /// with the path of the offending value when there is one.
-fn body_mismatch(located: &str) -> ApiError {
+fn body_mismatch<T: Body>(located: &str) -> ApiError {
     let invalid =
         |detail: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", detail);
     let quoted = |message: &str| message.split('`').nth(1).map(str::to_owned);
     if let Some(at) = located.find("unknown field `") {
         let name = quoted(&located[at..]).unwrap_or_default();
+        // Inside a field's value (`defaults.colour: unknown field …`): that field is at fault.
+        let top = located[..at]
+            .split_once(": ")
+            .map(|(path, _)| path.split(['.', '[']).next().unwrap_or(path))
+            .filter(|top| !top.is_empty() && *top != "." && *top != name && !top.contains(' '));
+        if let Some(top) = top {
+            let expectation = T::expectation(top).unwrap_or("has the wrong shape");
+            return invalid(format!("`{top}` {expectation}: unknown field `{name}`")).field(top);
+        }
         return invalid(format!(
             "unknown field `{name}`; the body accepts {}",
-            CreateRunRequest::FIELDS.join(", ")
+            T::FIELDS.join(", ")
         ))
         .field(&name);
     }
     match located.split_once(": ") {
         Some((path, _)) if !path.is_empty() && path != "." && !path.contains(' ') => {
             let top = path.split(['.', '[']).next().unwrap_or(path);
-            let detail = match CreateRunRequest::expectation(top) {
+            let detail = match T::expectation(top) {
                 Some(expectation) => format!("`{top}` {expectation}"),
                 None => format!("`{top}` has the wrong type"),
             };

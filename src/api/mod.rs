@@ -1,6 +1,8 @@
 //! The HTTP surface: routes, handlers, SSE, errors and the OpenAPI document. Every public
 //! route goes through utoipa-axum's `OpenApiRouter`, so the spec cannot forget one.
 
+mod actions;
+mod agents;
 mod error;
 mod extract;
 mod page;
@@ -74,6 +76,8 @@ impl std::ops::Deref for AppState {
         (name = "sessions", description = "Sessions and their message history."),
         (name = "snapshots", description = "SnapshotService: each run's state at its last iteration \
                                             boundary, kept after it ends until retention removes it."),
+        (name = "agents", description = "Agent presets: provider, model, instructions, parameters, \
+                                         tools and limits a run can start from."),
         (name = "tools", description = "The tools runs may call."),
         (name = "providers", description = "The model providers runs may use."),
         (name = "system", description = "Health and the API description.")
@@ -89,11 +93,18 @@ fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(runs::get_run_output))
         .routes(routes!(runs::cancel_run))
         .routes(routes!(runs::watch_run_events))
-        .routes(routes!(sessions::list_sessions))
-        .routes(routes!(sessions::get_session, sessions::delete_session))
+        .routes(routes!(actions::submit_tool_outputs))
+        .routes(routes!(actions::submit_approvals))
+        .routes(routes!(sessions::list_sessions, sessions::create_session))
+        .routes(routes!(
+            sessions::get_session,
+            sessions::delete_session,
+            sessions::update_session
+        ))
         .routes(routes!(sessions::list_session_messages))
         .routes(routes!(snapshots::list_snapshots))
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
+        .routes(routes!(agents::list_agents))
         .routes(routes!(tools::list_tools))
         .routes(routes!(providers::list_providers))
         .routes(routes!(system::get_health))

@@ -99,8 +99,27 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
 
 /// Start a run (proto `RunService.CreateRun`). Returns at once; watch its events at
 /// `/runs/{run_id}/events`. A W3C `traceparent` header sets the events' `trace_id`.
+///
+/// The run is defined by its fields, over its agent preset (`agent`, `GET /agents`) and its
+/// session's defaults: `instructions` (the system prompt), model parameters (`temperature`,
+/// `top_p`, `max_output_tokens`, `stop`, `seed`, `parallel_tool_calls`), `provider_options`,
+/// `tools` (server tools by name, and tools the run defines for the client to execute) and
+/// `approval`. A call to a tool the run defined pauses it in `requires_action` until the client
+/// posts the output (`POST /runs/{run_id}/tool_outputs`, which shows the whole round trip); a
+/// call to a server tool that needs approval waits for `POST /runs/{run_id}/approvals`.
 #[utoipa::path(post, path = "/runs", tag = "runs",
-    request_body = CreateRunRequest,
+    request_body(content = CreateRunRequest, examples(
+        ("demo" = (summary = "The built-in model, no configuration needed",
+            value = json!({"provider": "demo", "model": "demo", "input": "What time is it?"}))),
+        ("client_tools" = (summary = "Tools the client executes (see POST /runs/{run_id}/tool_outputs)",
+            value = json!({"provider": "demo", "model": "demo",
+                "input": "call get_location and call get_weather",
+                "instructions": "Answer in one sentence.", "temperature": 0.2,
+                "tools": [{"name": "get_location", "description": "Where the user is"},
+                          {"name": "get_weather", "description": "The weather where the user is"}]}))),
+        ("agent" = (summary = "An agent preset, one field overridden",
+            value = json!({"agent": "support", "input": "Where is my order?", "temperature": 0.7})))
+    )),
     params(
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
         ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Stands in for `client_request_id`"),
@@ -116,7 +135,7 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`shutting_down`: the server is draining its runs before it stops and admits none; retry after `Retry-After` seconds (the next process, or another replica, takes the run)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
-        (status = 422, description = "`missing_field` (a required field is absent), `invalid_field` (empty or blank, NUL character, `metadata` not an object or over 16384 bytes, `max_iterations` out of range, `tool_choice` without tools), `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body` (not a JSON object, a field of the wrong type, an unknown field); `field` names the field", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`missing_field` (`input` absent, or `provider`/`model` absent and not given by the agent or the session), `invalid_field` (empty or blank, NUL character, `metadata` or `provider_options` not an object or over 16384 bytes, `provider_options` setting a key behest owns, `max_iterations` or `action_timeout_ms` out of range, a model parameter out of range — `max_output_tokens` above the model's, `temperature` above 1 or a `seed` for an Anthropic provider — a tool definition with a bad name, a schema that is not an object schema or does not compile, a name used twice or a server tool's, `approval` naming no server tool of the run, `tool_choice` without tools or naming none of the run's), `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body` (not a JSON object, a field of the wrong type, an unknown field); `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run(
     State(state): State<AppState>,
@@ -155,7 +174,7 @@ pub async fn create_run(
         (status = 410, description = "`run_events_expired`: an identical earlier request created the run, which has ended and whose events retention removed (`GET /runs/{run_id}` still answers)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`shutting_down`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
-        (status = 422, description = "As `POST /runs`: `missing_field`, `invalid_field`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "As `POST /runs`: `missing_field`, `invalid_field`, `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run_stream(
     State(state): State<AppState>,
@@ -205,7 +224,9 @@ pub async fn list_runs(
     Ok(axum::Json(ListRunsResponse { runs, next_cursor }))
 }
 
-/// Read a run (proto `RunService.GetRun`).
+/// Read a run (proto `RunService.GetRun`): its status, definition (agent, instructions,
+/// parameters, tools, limits) and outcome so far; while it is `requires_action`, the tool calls
+/// it waits for (`required_action`).
 #[utoipa::path(get, path = "/runs/{run_id}", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
@@ -219,7 +240,9 @@ pub async fn get_run(
     Ok(axum::Json(load_run(&state, &run_id).await?))
 }
 
-/// What a finished run produced (proto `RunService.GetRunOutput`).
+/// What a finished run produced (proto `RunService.GetRunOutput`). A run that ended in the
+/// middle of a model call (cancelled, failed, interrupted) also shows the text it streamed, as
+/// an assistant message with `status: incomplete`.
 #[utoipa::path(get, path = "/runs/{run_id}/output", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(

@@ -6,11 +6,120 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::extract::Query;
+use super::extract::{Body, Json, Query};
 use super::page::Page;
 use super::{ApiError, AppState, Problem};
-use crate::domain::{Message, MessageId, Session, SessionId};
-use crate::store::StoreError;
+use crate::domain::{
+    CreateSessionRequest, Message, MessageId, RequestProblem, Session, SessionId,
+    UpdateSessionRequest,
+};
+use crate::store::{SessionPatch, StoreError};
+
+impl Body for CreateSessionRequest {
+    const FIELDS: &'static [&'static str] = &["title", "metadata", "defaults"];
+    fn expectation(field: &str) -> Option<&'static str> {
+        Some(match field {
+            "title" => "must be a string",
+            "metadata" => "must be a JSON object",
+            "defaults" => {
+                "must be an object of agent, provider, model, instructions (strings) and \
+                 parameters ({temperature, top_p, max_output_tokens, stop, seed, \
+                 parallel_tool_calls}), no other keys"
+            }
+            _ => return None,
+        })
+    }
+}
+
+impl Body for UpdateSessionRequest {
+    const FIELDS: &'static [&'static str] = &["title", "metadata"];
+    fn expectation(field: &str) -> Option<&'static str> {
+        Some(match field {
+            "title" => "must be a string or null",
+            "metadata" => "must be a JSON object",
+            _ => return None,
+        })
+    }
+}
+
+/// Create a session: its title, metadata, and the defaults its runs take when they do not
+/// say (agent, provider, model, instructions, parameters). `POST /runs` without a
+/// `session_id` creates one too; a session made here starts empty, and its first run fills in
+/// the defaults it lacks with that run's agent, provider, model and instructions.
+#[utoipa::path(post, path = "/sessions", tag = "sessions",
+    request_body(content = CreateSessionRequest, example = json!({
+        "title": "Support chat",
+        "metadata": {"customer": "c-42"},
+        "defaults": {"provider": "demo", "model": "demo", "instructions": "Answer in French.",
+                     "parameters": {"temperature": 0.2}}
+    })),
+    responses(
+        (status = 201, description = "Created; `Location` is the session", body = Session,
+            headers(("Location" = String, description = "`/sessions/{session_id}`"))),
+        (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`title` over 1000 bytes, `metadata` not an object or over 16384 bytes, a parameter out of range, a NUL character), `unknown_agent`, `unknown_provider`, `unknown_model`, `invalid_body`; `field` names the field", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn create_session(
+    State(state): State<AppState>,
+    Json(request): Json<CreateSessionRequest>,
+) -> Result<Response, ApiError> {
+    let session = state.runtime.create_session(request).await?;
+    let location = format!("/sessions/{}", session.id);
+    Ok((
+        StatusCode::CREATED,
+        [(axum::http::header::LOCATION, location)],
+        axum::Json(session),
+    )
+        .into_response())
+}
+
+/// Change a session's title or metadata (the fields given replace the session's; `"title":
+/// null` removes the title).
+#[utoipa::path(patch, path = "/sessions/{session_id}", tag = "sessions",
+    params(("session_id" = String, Path, format = Uuid, description = "Session id")),
+    request_body(content = UpdateSessionRequest, example = json!({"title": "Billing question"})),
+    responses(
+        (status = 200, description = "The session as changed", body = Session),
+        (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`title` over 1000 bytes, `metadata` not an object or over 16384 bytes, a NUL character), `invalid_body`; `field` names the field", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn update_session(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+    Json(request): Json<UpdateSessionRequest>,
+) -> Result<axum::Json<Session>, ApiError> {
+    let id = parse_session_id(&raw)?;
+    request.check().map_err(|problem| match problem {
+        RequestProblem::Invalid { field, reason } => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_field",
+            format!("`{field}`: {reason}"),
+        )
+        .field(field),
+        RequestProblem::Missing(field) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing_field",
+            format!("`{field}` is required"),
+        )
+        .field(field),
+    })?;
+    let patch = SessionPatch {
+        title: request.title,
+        metadata: request.metadata,
+    };
+    state
+        .runtime
+        .store()
+        .update_session(id, &patch, chrono::Utc::now())
+        .await?
+        .map(axum::Json)
+        .ok_or_else(|| session_not_found(&raw))
+}
 
 fn parse_session_id(raw: &str) -> Result<SessionId, ApiError> {
     raw.parse().map_err(|_| session_not_found(raw))
@@ -96,11 +205,11 @@ pub async fn get_session(
     Ok(axum::Json(load_session(&state, &session_id).await?))
 }
 
-/// The session's messages, oldest first.
+/// A page of the session's messages, oldest first.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct SessionMessages {
-    /// Every message: user inputs, assistant replies (with tool calls), tool results; fewer
-    /// when they pass the server's byte budget (`runtime.max_page_bytes`).
+    /// Up to `limit` messages: user inputs, assistant replies (with tool calls), tool results;
+    /// fewer when they pass the server's byte budget (`runtime.max_page_bytes`).
     pub messages: Vec<Message>,
     /// Pass as `cursor` for the rest; absent when `messages` ends the history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,19 +221,25 @@ pub struct SessionMessages {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct MessagesQuery {
+    /// Page size, 1 to 200; default 50. A page may hold fewer when its messages pass the
+    /// server's byte budget (`runtime.max_page_bytes`, default 1 MiB); `next_cursor` continues.
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
     /// `next_cursor` of the previous answer, unchanged (today the id of its last message).
     #[param(value_type = Option<String>, format = Uuid)]
     cursor: Option<String>,
 }
 
-/// A session's message history: roles, content parts, tool calls and tool results. The answer
-/// stops once its messages pass the server's byte budget (`runtime.max_page_bytes`, default
-/// 1 MiB; the message that passes it is included); `next_cursor` continues.
+/// A session's message history, oldest first: roles, content parts, tool calls and tool
+/// results, and the text of a model call cut off by its run's end (`status: incomplete`). A
+/// page holds up to `limit` messages and stops once they pass the server's byte budget
+/// (`runtime.max_page_bytes`, default 1 MiB; the message that passes it is included);
+/// `next_cursor` continues. Each page reads only its own messages from the store.
 #[utoipa::path(get, path = "/sessions/{session_id}/messages", tag = "sessions",
     params(("session_id" = String, Path, format = Uuid, description = "Session id"), MessagesQuery),
     responses(
-        (status = 200, description = "The messages, oldest first", body = SessionMessages),
-        (status = 400, description = "`invalid_cursor` (not a cursor this server returned); `invalid_query` (an unknown parameter)", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "A page of messages, oldest first", body = SessionMessages),
+        (status = 400, description = "`invalid_cursor` (not a cursor this server returned for this session); `invalid_query` (`limit` out of 1–200, an unknown parameter)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn list_session_messages(
@@ -133,26 +248,26 @@ pub async fn list_session_messages(
     Query(query): Query<MessagesQuery>,
 ) -> Result<axum::Json<SessionMessages>, ApiError> {
     let session = load_session(&state, &session_id).await?;
-    let mut messages = state.runtime.store().session_messages(session.id).await?;
-    if let Some(cursor) = query.cursor.as_deref() {
-        let position = cursor
-            .parse::<MessageId>()
-            .ok()
-            .and_then(|id| messages.iter().position(|m| m.id == id))
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_cursor",
-                    "the cursor is not one this server returned for this session",
-                )
-                .field("cursor")
-            })?;
-        messages.drain(..=position);
-    }
-    let page = Page::<MessageId> {
-        limit: u32::try_from(messages.len()).unwrap_or(u32::MAX),
-        before: None,
+    let invalid_cursor = || {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_cursor",
+            "the cursor is not one this server returned for this session",
+        )
+        .field("cursor")
     };
+    let page = Page::<MessageId>::parse(query.limit, None)?;
+    let after = query
+        .cursor
+        .as_deref()
+        .map(|cursor| cursor.parse::<MessageId>().map_err(|_| invalid_cursor()))
+        .transpose()?;
+    let mut messages = state
+        .runtime
+        .store()
+        .session_messages_page(session.id, after, page.fetch())
+        .await?
+        .ok_or_else(invalid_cursor)?;
     let max_bytes = state.runtime.config().max_page_bytes;
     let next_cursor = page.finish(&mut messages, max_bytes, |m| m.id.to_string());
     Ok(axum::Json(SessionMessages {

@@ -5,8 +5,8 @@ use utoipa::ToSchema;
 
 /// How a provider call or a run failed, for retries and for callers (e.g. compaction on
 /// `context_length_exceeded`). Every `run_failed` carries one: the first eight classify a
-/// model provider failure; `doom_loop`, `limit_exceeded`, `interrupted` and `internal` a run
-/// that failed for another reason.
+/// model provider failure; `doom_loop`, `limit_exceeded`, `interrupted`, `internal` and
+/// `action_expired` a run that failed for another reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
@@ -35,6 +35,9 @@ pub enum ErrorClass {
     Interrupted,
     /// behest itself failed (storage, a panicked run task, a provider no longer configured).
     Internal,
+    /// The run waited in `requires_action` past its deadline without the client's answers
+    /// (`action_timeout_ms`).
+    ActionExpired,
 }
 
 impl ErrorClass {
@@ -54,6 +57,7 @@ impl ErrorClass {
             Self::LimitExceeded => "limit_exceeded",
             Self::Interrupted => "interrupted",
             Self::Internal => "internal",
+            Self::ActionExpired => "action_expired",
         }
     }
 

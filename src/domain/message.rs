@@ -129,6 +129,50 @@ pub struct Message {
     pub tool_name: Option<String>,
     /// When it was stored (RFC 3339, UTC).
     pub created_at: DateTime<Utc>,
+    /// `incomplete` for the text an assistant streamed in a model call its run ended in (a
+    /// cancel, a failure, a server stopped with `recovery = "fail"`), kept so the next turn has
+    /// the context; absent for a complete message.
+    #[serde(default, skip_serializing_if = "MessageStatus::is_completed")]
+    pub status: MessageStatus,
+}
+
+/// Whether a message is what its author finished (`completed`, the default) or was cut off
+/// (`incomplete`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageStatus {
+    /// The whole message.
+    #[default]
+    Completed,
+    /// The text an assistant streamed before its run ended early.
+    Incomplete,
+}
+
+impl MessageStatus {
+    /// True for `completed`.
+    #[must_use]
+    pub fn is_completed(&self) -> bool {
+        *self == Self::Completed
+    }
+
+    /// The snake_case name, as stored.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Incomplete => "incomplete",
+        }
+    }
+
+    /// Parses the stored name; `None` for anything else.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "completed" => Some(Self::Completed),
+            "incomplete" => Some(Self::Incomplete),
+            _ => None,
+        }
+    }
 }
 
 impl Message {

@@ -3,18 +3,25 @@
 //! They come from the seeds (`agent.v1` proto and its `common.proto` as DESIGN.md restates it)
 //! and depend on nothing but serde, chrono, uuid and utoipa.
 
+mod agent;
 mod error_class;
 mod ids;
 mod message;
 mod run;
 mod snapshot;
 
+pub use agent::{
+    ActionAnswer, DoomLoopSettings, MAX_STOP_SEQUENCES, ModelParameters, PendingKind,
+    PendingToolCall, RequiredAction, RunDefinition, RunTool, SessionDefaults, ToolDefinition,
+    check_tools, is_tool_name,
+};
 pub use error_class::ErrorClass;
 pub use ids::{MessageId, RunId, SessionId};
-pub use message::{ContentPart, Message, Reasoning, Role, ToolCall};
+pub use message::{ContentPart, Message, MessageStatus, Reasoning, Role, ToolCall};
 pub use run::{
-    CreateRunRequest, CreateRunResponse, DEFAULT_MAX_ITERATIONS_CAP, FinishReason,
-    METADATA_MAX_BYTES, RequestProblem, RunOutput, RunRecord, RunStatus, Session, TokenUsage,
-    ToolChoice, ToolChoiceMode, ToolChoiceTool,
+    ACTION_TIMEOUT_MS, CreateRunRequest, CreateRunResponse, CreateSessionRequest,
+    DEFAULT_MAX_ITERATIONS_CAP, FinishReason, METADATA_MAX_BYTES, RequestProblem, RunOutput,
+    RunRecord, RunStatus, Session, TITLE_MAX_BYTES, TokenUsage, ToolChoice, ToolChoiceMode,
+    ToolChoiceTool, UpdateSessionRequest,
 };
 pub use snapshot::Snapshot;

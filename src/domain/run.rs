@@ -4,6 +4,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::agent::{
+    DoomLoopSettings, ModelParameters, RequiredAction, RunDefinition, RunTool, SessionDefaults,
+    check_tools,
+};
 use super::{Message, RunId, SessionId};
 
 /// Where a run is in its life (`common.proto` `RunStatus`). The last three are terminal.
@@ -20,6 +24,9 @@ pub enum RunStatus {
     CallingModel,
     /// Tool calls are executing.
     WaitingForTools,
+    /// Paused until the client answers tool calls it executes (`POST /runs/{run_id}/tool_outputs`)
+    /// or approves (`POST /runs/{run_id}/approvals`); see `required_action`.
+    RequiresAction,
     /// The model's reply is being stored.
     Persisting,
     /// Finished: the model stopped.
@@ -32,12 +39,13 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Every status, in life order.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Pending,
         Self::SessionLoaded,
         Self::BuildingContext,
         Self::CallingModel,
         Self::WaitingForTools,
+        Self::RequiresAction,
         Self::Persisting,
         Self::Completed,
         Self::Failed,
@@ -59,6 +67,7 @@ impl RunStatus {
             Self::BuildingContext => "building_context",
             Self::CallingModel => "calling_model",
             Self::WaitingForTools => "waiting_for_tools",
+            Self::RequiresAction => "requires_action",
             Self::Persisting => "persisting",
             Self::Completed => "completed",
             Self::Failed => "failed",
@@ -249,10 +258,41 @@ pub struct RunRecord {
     pub total_usage: TokenUsage,
     /// What ended the run, when it failed.
     pub error: Option<String>,
-    /// The tools the run may call; absent: every configured tool.
-    pub tools: Option<Vec<String>>,
+    /// The run's tools: server tools by name and the tools it defined for the client to
+    /// execute; absent: every configured server tool.
+    pub tools: Option<Vec<RunTool>>,
     /// Model calls this run may make at most.
     pub max_iterations: u32,
+    /// The agent preset the run was defined from (`GET /agents`), when it used one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The system prompt in force (from the request, the session or the preset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// The model parameters in force (unset ones are the provider's defaults).
+    #[serde(default)]
+    pub parameters: ModelParameters,
+    /// Fields passed through into the provider request body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub provider_options: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Server tools whose calls wait for approval in this run (besides those configured with
+    /// `requires_approval`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<String>,
+    /// Time one tool call may take, in ms; absent: the server's `runtime.tool_timeout_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_timeout_ms: Option<u64>,
+    /// How long the run may wait in `requires_action`, in ms; absent: the server's
+    /// `runtime.action_timeout_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_timeout_ms: Option<u64>,
+    /// Doom-loop detection of this run; absent: the server's `[runtime.doom_loop]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doom_loop: Option<DoomLoopSettings>,
+    /// While the run is in `requires_action`: the tool calls it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_action: Option<RequiredAction>,
     /// The client's idempotency key, when it gave one.
     pub client_request_id: Option<String>,
     /// Created (RFC 3339, UTC).
@@ -296,11 +336,16 @@ pub const DEFAULT_MAX_ITERATIONS_CAP: u32 = 100;
 
 /// Body of `POST /runs` and `POST /runs/stream` (proto `CreateRunRequest`): a JSON object.
 ///
-/// Enforced (and stated in the OpenAPI document): `provider`, `model` and `input` are required
-/// non-empty strings (`input` must contain a non-whitespace character); `max_iterations` is
-/// 1 to the server's cap; `metadata` is an object of at most 16384 bytes serialized; no string
-/// may contain U+0000. An absent required field is 422 `missing_field`, a present but bad one
-/// 422 `invalid_field`, both naming the field.
+/// Enforced (and stated in the OpenAPI document): `input` is a required string with a
+/// non-whitespace character; `provider` and `model` are non-empty strings, required unless the
+/// run's agent preset or its session provides them; `max_iterations` is 1 to the server's cap;
+/// `metadata` and `provider_options` are objects of at most 16384 bytes serialized; the model
+/// parameters are within their ranges (`max_output_tokens` at most the model's configured
+/// maximum); no string may contain U+0000. An absent required field is 422 `missing_field`, a
+/// present but bad one 422 `invalid_field`, both naming the field.
+///
+/// Each field left out is taken from the agent preset (`agent`, or the session's agent), then
+/// from the session's defaults, then the server's; a field given here overrides both.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRunRequest {
@@ -308,13 +353,15 @@ pub struct CreateRunRequest {
     #[serde(default, deserialize_with = "empty_as_none")]
     #[schema(value_type = Option<String>, format = Uuid)]
     pub session_id: Option<String>,
-    /// Provider id (required), a key of the config's `[providers]`.
+    /// Provider id, a key of the config's `[providers]`; required unless the agent preset or
+    /// the session gives one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = String, required = true, min_length = 1)]
+    #[schema(value_type = Option<String>, min_length = 1)]
     pub provider: Option<String>,
-    /// Model name (required), one of the provider's configured models.
+    /// Model name, one of the provider's configured models; required unless the agent preset
+    /// or the session gives one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = String, required = true, min_length = 1)]
+    #[schema(value_type = Option<String>, min_length = 1)]
     pub model: Option<String>,
     /// The user's input (required, with at least one non-whitespace character); stored once as
     /// one user message.
@@ -333,15 +380,81 @@ pub struct CreateRunRequest {
     /// with the same body returns the same run; with another body, 409.
     #[serde(default, deserialize_with = "empty_as_none")]
     pub client_request_id: Option<String>,
-    /// Allow-list of tool names the run may call; absent: every configured tool.
+    /// The run's tools: names of server tools (`GET /tools`) it may call, and function tools
+    /// it defines, `{"name", "description", "parameters"}`, which the client executes (a call
+    /// pauses the run in `requires_action` until `POST /runs/{run_id}/tool_outputs`). Names are
+    /// unique; a defined tool's name is no server tool's; its `parameters` is a JSON Schema
+    /// with `"type": "object"`. Absent: every server tool and none of the client's; present,
+    /// exactly these.
     #[serde(default)]
-    pub tools: Option<Vec<String>>,
+    pub tools: Option<Vec<RunTool>>,
     /// Model calls the run may make at most: 1 to the server's `runtime.max_iterations_cap`
-    /// (default 100, the `maximum` stated here); default the server's `runtime.max_iterations`.
+    /// (default 100, the `maximum` stated here); default the preset's, else the server's
+    /// `runtime.max_iterations`.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100)]
     pub max_iterations: Option<u32>,
+    /// Agent preset to run (`GET /agents`, config `[agents.<name>]`): provider, model,
+    /// instructions, parameters, tools and limits that this request's own fields override;
+    /// default the session's agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1)]
+    pub agent: Option<String>,
+    /// The system prompt, sent in each provider's native place (OpenAI-compatible: a first
+    /// `system` or `developer` message; Anthropic: top-level `system`). An empty string means
+    /// none (overriding a preset's or the session's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// Sampling temperature, 0 to 2 (Anthropic providers: 0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 2)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling (`top_p`), 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 1)]
+    pub top_p: Option<f64>,
+    /// Most tokens one model call may generate: 1 to the model's configured
+    /// `max_output_tokens` (`GET /providers`), which is the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub max_output_tokens: Option<u32>,
+    /// Up to 4 stop sequences, each with a non-whitespace character (OpenAI `stop`, Anthropic
+    /// `stop_sequences`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 4)]
+    pub stop: Option<Vec<String>>,
+    /// Sampling seed (OpenAI-compatible providers; Anthropic has none: 422 there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Whether the model may call several tools in one turn (OpenAI `parallel_tool_calls`,
+    /// Anthropic `disable_parallel_tool_use`); default the provider's (yes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// A JSON object of at most 16384 bytes merged into the provider's request body, for what
+    /// behest does not model (e.g. `{"top_k": 40}`, `{"user": "u-1"}`,
+    /// `{"response_format": {…}}`). It may not set the keys behest writes itself: OpenAI-compatible
+    /// `model`, `messages`, `stream`, `stream_options`, `tools`, `tool_choice`, `n`,
+    /// `temperature`, `top_p`, `max_tokens`, `max_completion_tokens`, `stop`, `seed`,
+    /// `parallel_tool_calls`; Anthropic `model`, `messages`, `system`, `stream`, `tools`,
+    /// `tool_choice`, `max_tokens`, `thinking`, `temperature`, `top_p`, `stop_sequences`
+    /// (use the fields above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub provider_options: Option<serde_json::Value>,
+    /// Server tools (of the run's) whose calls pause the run for a person's approval
+    /// (`POST /runs/{run_id}/approvals`), besides those configured `requires_approval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Vec<String>>,
+    /// How long the run may wait in `requires_action` for tool outputs or approvals, in ms:
+    /// 1000 to 604800000 (7 days); default the preset's, else the server's
+    /// `runtime.action_timeout_ms` (600000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1000, maximum = 604_800_000)]
+    pub action_timeout_ms: Option<u64>,
 }
+
+/// Bounds of `action_timeout_ms`, in ms: one second to seven days.
+pub const ACTION_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 1_000..=604_800_000;
 
 /// What is wrong with a [`CreateRunRequest`] on its own (before the server's configuration is
 /// consulted).
@@ -358,30 +471,59 @@ pub enum RequestProblem {
     },
 }
 
+fn invalid(field: &'static str, reason: impl Into<String>) -> RequestProblem {
+    RequestProblem::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+const NUL: &str = "must not contain the NUL character (U+0000)";
+
+/// Checks a JSON object field: an object, no U+0000 in keys or strings, at most
+/// [`METADATA_MAX_BYTES`] serialized.
+fn check_object(field: &'static str, value: &serde_json::Value) -> Result<(), RequestProblem> {
+    if !value.is_object() {
+        return Err(invalid(field, "must be a JSON object"));
+    }
+    if has_nul(value) {
+        return Err(invalid(
+            field,
+            "keys and strings must not contain the NUL character (U+0000)",
+        ));
+    }
+    let size = serde_json::to_vec(value).map_or(usize::MAX, |bytes| bytes.len());
+    if size > METADATA_MAX_BYTES {
+        return Err(invalid(
+            field,
+            format!("is {size} bytes serialized; at most {METADATA_MAX_BYTES} are accepted"),
+        ));
+    }
+    Ok(())
+}
+
 impl CreateRunRequest {
-    /// Checks what the request must satisfy by itself: required fields present and non-empty,
-    /// `input` not blank, no U+0000 in any string (PostgreSQL cannot store it), `metadata` an
-    /// object of at most [`METADATA_MAX_BYTES`], `max_iterations` within `1..=cap`.
+    /// Checks what the request must satisfy by itself: `input` present and not blank, the
+    /// strings given non-empty where required and without U+0000 (PostgreSQL cannot store it),
+    /// `metadata` and `provider_options` objects of at most [`METADATA_MAX_BYTES`],
+    /// `max_iterations` within `1..=cap`, the model parameters in range, the tools well formed,
+    /// `action_timeout_ms` within [`ACTION_TIMEOUT_MS`]. Whether `provider` and `model` are
+    /// present is checked once the preset and the session are merged in.
     ///
     /// # Errors
     /// The first [`RequestProblem`] found, in field order.
     pub fn check(&self, max_iterations_cap: u32) -> Result<(), RequestProblem> {
-        fn invalid(field: &'static str, reason: impl Into<String>) -> RequestProblem {
-            RequestProblem::Invalid {
-                field,
-                reason: reason.into(),
-            }
-        }
-        const NUL: &str = "must not contain the NUL character (U+0000)";
-        let required = [
-            ("provider", &self.provider),
-            ("model", &self.model),
-            ("input", &self.input),
+        let Some(input) = &self.input else {
+            return Err(RequestProblem::Missing("input"));
+        };
+        let named = [
+            ("provider", self.provider.as_deref()),
+            ("model", self.model.as_deref()),
+            ("input", Some(input.as_str())),
+            ("agent", self.agent.as_deref()),
         ];
-        for (field, value) in required {
-            let Some(value) = value else {
-                return Err(RequestProblem::Missing(field));
-            };
+        for (field, value) in named {
+            let Some(value) = value else { continue };
             if value.is_empty() {
                 return Err(invalid(field, "must not be empty"));
             }
@@ -389,12 +531,13 @@ impl CreateRunRequest {
                 return Err(invalid(field, NUL));
             }
         }
-        if self.input.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        if input.trim().is_empty() {
             return Err(invalid("input", "must contain a non-whitespace character"));
         }
         let optional = [
             ("session_id", self.session_id.as_deref()),
             ("client_request_id", self.client_request_id.as_deref()),
+            ("instructions", self.instructions.as_deref()),
         ];
         for (field, value) in optional {
             if value.is_some_and(|s| s.contains('\0')) {
@@ -406,28 +549,22 @@ impl CreateRunRequest {
         {
             return Err(invalid("tool_choice", NUL));
         }
-        if self.tools.iter().flatten().any(|name| name.contains('\0')) {
-            return Err(invalid("tools", NUL));
+        if let Some(tools) = &self.tools {
+            check_tools(tools)?;
+        }
+        if self
+            .approval
+            .iter()
+            .flatten()
+            .any(|name| name.contains('\0'))
+        {
+            return Err(invalid("approval", NUL));
         }
         if let Some(metadata) = &self.metadata {
-            if !metadata.is_object() {
-                return Err(invalid("metadata", "must be a JSON object"));
-            }
-            if has_nul(metadata) {
-                return Err(invalid(
-                    "metadata",
-                    "keys and strings must not contain the NUL character (U+0000)",
-                ));
-            }
-            let size = serde_json::to_vec(metadata).map_or(usize::MAX, |bytes| bytes.len());
-            if size > METADATA_MAX_BYTES {
-                return Err(invalid(
-                    "metadata",
-                    format!(
-                        "is {size} bytes serialized; at most {METADATA_MAX_BYTES} are accepted"
-                    ),
-                ));
-            }
+            check_object("metadata", metadata)?;
+        }
+        if let Some(options) = &self.provider_options {
+            check_object("provider_options", options)?;
         }
         if let Some(max) = self.max_iterations
             && !(1..=max_iterations_cap).contains(&max)
@@ -437,11 +574,43 @@ impl CreateRunRequest {
                 format!("must be between 1 and {max_iterations_cap}"),
             ));
         }
+        self.parameters().check()?;
+        if let Some(timeout) = self.action_timeout_ms
+            && !ACTION_TIMEOUT_MS.contains(&timeout)
+        {
+            return Err(invalid(
+                "action_timeout_ms",
+                "must be between 1000 (one second) and 604800000 (seven days)",
+            ));
+        }
         Ok(())
     }
 
+    /// The model parameters this request sets.
+    #[must_use]
+    pub fn parameters(&self) -> ModelParameters {
+        ModelParameters {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_output_tokens: self.max_output_tokens,
+            stop: self.stop.clone(),
+            seed: self.seed,
+            parallel_tool_calls: self.parallel_tool_calls,
+        }
+    }
+
+    /// Sets the model parameters (each field of `parameters`).
+    pub fn set_parameters(&mut self, parameters: ModelParameters) {
+        self.temperature = parameters.temperature;
+        self.top_p = parameters.top_p;
+        self.max_output_tokens = parameters.max_output_tokens;
+        self.stop = parameters.stop;
+        self.seed = parameters.seed;
+        self.parallel_tool_calls = parameters.parallel_tool_calls;
+    }
+
     /// The body's fields, in order.
-    pub const FIELDS: [&'static str; 9] = [
+    pub const FIELDS: [&'static str; 20] = [
         "session_id",
         "provider",
         "model",
@@ -451,6 +620,17 @@ impl CreateRunRequest {
         "client_request_id",
         "tools",
         "max_iterations",
+        "agent",
+        "instructions",
+        "temperature",
+        "top_p",
+        "max_output_tokens",
+        "stop",
+        "seed",
+        "parallel_tool_calls",
+        "provider_options",
+        "approval",
+        "action_timeout_ms",
     ];
 
     /// What a top-level field of the body must be, in words, for an error that replaces
@@ -459,13 +639,23 @@ impl CreateRunRequest {
     pub fn expectation(field: &str) -> Option<&'static str> {
         Some(match field {
             "session_id" => "must be a session id (a UUID string)",
-            "provider" | "model" | "input" | "client_request_id" => "must be a string",
-            "metadata" => "must be a JSON object",
+            "provider" | "model" | "input" | "client_request_id" | "agent" | "instructions" => {
+                "must be a string"
+            }
+            "metadata" | "provider_options" => "must be a JSON object",
             "tool_choice" => {
                 "must be \"auto\", \"none\", \"required\" or an object {\"name\": \"<tool>\"}"
             }
-            "tools" => "must be an array of tool names (strings)",
-            "max_iterations" => "must be a positive integer",
+            "tools" => {
+                "must be an array of server tool names (strings) and tool definitions \
+                 ({\"name\", \"description\", \"parameters\"}, no other keys)"
+            }
+            "max_iterations" | "max_output_tokens" => "must be a positive integer",
+            "temperature" | "top_p" => "must be a number",
+            "stop" | "approval" => "must be an array of strings",
+            "seed" => "must be an integer (64-bit)",
+            "parallel_tool_calls" => "must be true or false",
+            "action_timeout_ms" => "must be a positive integer (ms)",
             _ => return None,
         })
     }
@@ -504,6 +694,170 @@ pub struct Session {
     pub id: SessionId,
     /// Created (RFC 3339, UTC).
     pub created_at: DateTime<Utc>,
-    /// Last run started in it (RFC 3339, UTC).
+    /// Last run started in it, or last change (RFC 3339, UTC).
     pub updated_at: DateTime<Utc>,
+    /// A title for people; absent until set (`PATCH /sessions/{session_id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// The client's JSON object (at most 16384 bytes serialized), stored and returned
+    /// unchanged; `{}` when none was given.
+    #[schema(value_type = Object)]
+    pub metadata: serde_json::Value,
+    /// What its runs default to when they do not say: as created (`POST /sessions`), filled in
+    /// by its first run with that run's agent, provider, model and instructions.
+    pub defaults: SessionDefaults,
+}
+
+impl RunRecord {
+    /// The definition stored with the run (what [`RunDefinition`] holds of the record).
+    #[must_use]
+    pub fn definition(&self) -> RunDefinition {
+        RunDefinition {
+            instructions: self.instructions.clone(),
+            parameters: self.parameters.clone(),
+            provider_options: self.provider_options.clone(),
+            approval: self.approval.clone(),
+            tool_timeout_ms: self.tool_timeout_ms,
+            action_timeout_ms: self.action_timeout_ms,
+            doom_loop: self.doom_loop.clone(),
+        }
+    }
+
+    /// The server tools the run may call by name; `None`: every configured one.
+    #[must_use]
+    pub fn server_tools(&self) -> Option<Vec<String>> {
+        self.tools.as_ref().map(|tools| {
+            tools
+                .iter()
+                .filter_map(|tool| match tool {
+                    RunTool::Server(name) => Some(name.clone()),
+                    RunTool::Client(_) => None,
+                })
+                .collect()
+        })
+    }
+
+    /// The tools the run defined for the client to execute.
+    #[must_use]
+    pub fn client_tools(&self) -> Vec<&super::agent::ToolDefinition> {
+        self.tools
+            .iter()
+            .flatten()
+            .filter_map(|tool| match tool {
+                RunTool::Client(definition) => Some(definition),
+                RunTool::Server(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// Body of `POST /sessions`: a JSON object, every field optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionRequest {
+    /// A title for people (at most 1000 bytes, no U+0000).
+    #[serde(default)]
+    #[schema(max_length = 1000, pattern = r"^[^\u0000]*$")]
+    pub title: Option<String>,
+    /// Any JSON object of at most 16384 bytes serialized; default `{}`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+    /// What the session's runs default to: agent, provider, model, instructions, parameters
+    /// (checked as a run's would be).
+    #[serde(default)]
+    pub defaults: Option<SessionDefaults>,
+}
+
+/// Body of `PATCH /sessions/{session_id}`: the fields given replace the session's; absent
+/// ones stay. `"title": null` clears the title.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSessionRequest {
+    /// A new title (at most 1000 bytes, no U+0000); `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>, max_length = 1000, pattern = r"^[^\u0000]*$")]
+    pub title: Option<Option<String>>,
+    /// A new metadata object (replaces the old one whole; at most 16384 bytes serialized).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// Most bytes of a session's title.
+pub const TITLE_MAX_BYTES: usize = 1000;
+
+impl CreateSessionRequest {
+    /// Checks `title` and `metadata` (see [`check_session_fields`]) and the defaults'
+    /// parameters and strings.
+    ///
+    /// # Errors
+    /// The first [`RequestProblem`] found.
+    pub fn check(&self) -> Result<(), RequestProblem> {
+        check_session_fields(self.title.as_deref(), self.metadata.as_ref())?;
+        if let Some(defaults) = &self.defaults {
+            let named = [
+                ("defaults", defaults.agent.as_deref()),
+                ("defaults", defaults.provider.as_deref()),
+                ("defaults", defaults.model.as_deref()),
+                ("defaults", defaults.instructions.as_deref()),
+            ];
+            for (field, value) in named {
+                if value.is_some_and(|s| s.contains('\0')) {
+                    return Err(invalid(field, NUL));
+                }
+            }
+            defaults
+                .parameters
+                .check()
+                .map_err(|problem| match problem {
+                    RequestProblem::Invalid { reason, field } => {
+                        invalid("defaults", format!("parameters.{field}: {reason}"))
+                    }
+                    missing @ RequestProblem::Missing(_) => missing,
+                })?;
+        }
+        Ok(())
+    }
+}
+
+impl UpdateSessionRequest {
+    /// Checks `title` and `metadata` (see [`check_session_fields`]).
+    ///
+    /// # Errors
+    /// The first [`RequestProblem`] found.
+    pub fn check(&self) -> Result<(), RequestProblem> {
+        check_session_fields(
+            self.title.clone().flatten().as_deref(),
+            self.metadata.as_ref(),
+        )
+    }
+}
+
+/// A session's `title` has at most [`TITLE_MAX_BYTES`] and no U+0000; its `metadata` is an
+/// object as a run's.
+fn check_session_fields(
+    title: Option<&str>,
+    metadata: Option<&serde_json::Value>,
+) -> Result<(), RequestProblem> {
+    if let Some(title) = title {
+        if title.len() > TITLE_MAX_BYTES {
+            return Err(invalid(
+                "title",
+                format!("is at most {TITLE_MAX_BYTES} bytes"),
+            ));
+        }
+        if title.contains('\0') {
+            return Err(invalid("title", NUL));
+        }
+    }
+    if let Some(metadata) = metadata {
+        check_object("metadata", metadata)?;
+    }
+    Ok(())
+}
+
+/// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
 }

@@ -10,7 +10,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::{ErrorClass, FinishReason, MessageId, RunId, SessionId, TokenUsage, ToolCall};
+use crate::domain::{
+    ErrorClass, FinishReason, MessageId, RequiredAction, RunId, SessionId, TokenUsage, ToolCall,
+};
 
 pub use feed::{EventFeed, FeedSubscription, LoggedEvent};
 
@@ -110,6 +112,11 @@ event_payloads! {
     /// The run continues in a new server process after the one executing it stopped (crash,
     /// `kill -9`, shutdown); its log goes on with the next sequence.
     RunResumed(RunResumed) = "run_resumed",
+    /// The run paused in `requires_action`: these tool calls wait for the client's outputs
+    /// (`POST /runs/{run_id}/tool_outputs`) or a person's approval
+    /// (`POST /runs/{run_id}/approvals`). For a client tool this stands where
+    /// `tool_execution_started` would be; its answer comes as `tool_execution_finished`.
+    ToolCallsRequired(RequiredAction) = "tool_calls_required",
 }
 
 impl EventPayload {

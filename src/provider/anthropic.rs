@@ -210,8 +210,11 @@ fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
 // ---------------------------------------------------------------------------------------------
 // Request
 
-/// The JSON body of a streaming Messages request: system messages joined (blank line between)
-/// into the top-level `system`; the other messages as `user`/`assistant` turns of content
+/// The JSON body of a streaming Messages request: the instructions and then the system
+/// messages joined (blank line between) into the top-level `system`; `temperature`, `top_p`,
+/// `stop_sequences` when set; `tool_choice.disable_parallel_tool_use` when
+/// `parallel_tool_calls` is set and tools are offered; `provider_options` last, except
+/// [`OWNED_KEYS`]; the other messages as `user`/`assistant` turns of content
 /// blocks, consecutive messages of one side merged into one turn (so all `tool_result` blocks
 /// answering one assistant turn travel in one user message, in call order).
 ///
@@ -227,6 +230,15 @@ fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option
     body.insert("model".to_owned(), json!(request.model));
     body.insert("max_tokens".to_owned(), json!(max_tokens));
     body.insert("stream".to_owned(), json!(true));
+    if let Some(temperature) = request.temperature {
+        body.insert("temperature".to_owned(), json!(temperature));
+    }
+    if let Some(top_p) = request.top_p {
+        body.insert("top_p".to_owned(), json!(top_p));
+    }
+    if !request.stop.is_empty() {
+        body.insert("stop_sequences".to_owned(), json!(request.stop));
+    }
     let forced = !request.tools.is_empty()
         && matches!(
             request.tool_choice,
@@ -243,10 +255,16 @@ fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option
         );
     }
     let system: Vec<String> = request
-        .messages
+        .instructions
         .iter()
-        .filter(|message| message.role == Role::System)
-        .map(|message| text_of(&message.content))
+        .cloned()
+        .chain(
+            request
+                .messages
+                .iter()
+                .filter(|message| message.role == Role::System)
+                .map(|message| text_of(&message.content)),
+        )
         .filter(|text| !text.is_empty())
         .collect();
     if !system.is_empty() {
@@ -269,16 +287,40 @@ fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option
             })
             .collect();
         body.insert("tools".to_owned(), Value::Array(tools));
-        let choice = match &request.tool_choice {
+        let mut choice = match &request.tool_choice {
             ToolChoice::Mode(ToolChoiceMode::Auto) => json!({"type": "auto"}),
             ToolChoice::Mode(ToolChoiceMode::None) => json!({"type": "none"}),
             ToolChoice::Mode(ToolChoiceMode::Required) => json!({"type": "any"}),
             ToolChoice::Tool { name } => json!({"type": "tool", "name": name}),
         };
+        // `none` takes no options.
+        if let (Some(parallel), Some(object)) =
+            (request.parallel_tool_calls, choice.as_object_mut())
+            && request.tool_choice != ToolChoice::Mode(ToolChoiceMode::None)
+        {
+            object.insert("disable_parallel_tool_use".to_owned(), json!(!parallel));
+        }
         body.insert("tool_choice".to_owned(), choice);
     }
+    super::merge_options(&mut body, &request.provider_options, OWNED_KEYS);
     Value::Object(body)
 }
+
+/// The keys [`request_body`] writes itself or models, which `provider_options` may not set
+/// (see [`super::owned_keys`]).
+pub const OWNED_KEYS: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "stream",
+    "tools",
+    "tool_choice",
+    "max_tokens",
+    "thinking",
+    "temperature",
+    "top_p",
+    "stop_sequences",
+];
 
 /// Whether the assistant turn in progress (the messages after the last user message) has a
 /// message with tool calls and no reasoning: that tool-use loop began with thinking off.

@@ -38,7 +38,7 @@ pub struct ToolSpec {
 }
 
 /// One model call: the context and what the model may do.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ModelRequest {
     /// Model name as the provider knows it.
     pub model: String,
@@ -50,6 +50,53 @@ pub struct ModelRequest {
     pub tool_choice: ToolChoice,
     /// Upper bound on generated tokens.
     pub max_output_tokens: Option<u32>,
+    /// The system prompt, sent in the wire format's own place (OpenAI-compatible: a first
+    /// `system`/`developer` message; Anthropic: `system`, before any system messages of the
+    /// context). `None` or empty: none.
+    pub instructions: Option<String>,
+    /// Sampling temperature (`temperature`); `None`: not sent.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling (`top_p`); `None`: not sent.
+    pub top_p: Option<f64>,
+    /// Stop sequences (OpenAI `stop`, Anthropic `stop_sequences`); empty: not sent.
+    pub stop: Vec<String>,
+    /// Sampling seed (OpenAI-compatible `seed`; Anthropic has none).
+    pub seed: Option<i64>,
+    /// Whether the model may call several tools in one turn; `None`: not sent. Only sent with
+    /// tools (OpenAI `parallel_tool_calls`, Anthropic `tool_choice.disable_parallel_tool_use`).
+    pub parallel_tool_calls: Option<bool>,
+    /// Extra top-level fields of the request body, merged in last, except the keys the
+    /// adapter owns ([`owned_keys`]), which it never lets them replace.
+    pub provider_options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The request-body keys an adapter of `kind` writes itself (or models as a field of
+/// [`ModelRequest`]), which `provider_options` may not set: OpenAI-compatible `model`,
+/// `messages`, `stream`, `stream_options`, `tools`, `tool_choice`, `n` (behest reads one
+/// choice), `temperature`, `top_p`, `max_tokens`, `max_completion_tokens`, `stop`, `seed`,
+/// `parallel_tool_calls`; Anthropic `model`, `messages`, `system`, `stream`, `tools`,
+/// `tool_choice`, `max_tokens`, `thinking` (per-turn, see the adapter), `temperature`,
+/// `top_p`, `stop_sequences`; the built-in model `model`, `messages`, `tools`, `stream`.
+#[must_use]
+pub fn owned_keys(kind: ProviderKind) -> &'static [&'static str] {
+    match kind {
+        ProviderKind::Openai => openai::OWNED_KEYS,
+        ProviderKind::Anthropic => anthropic::OWNED_KEYS,
+        ProviderKind::Scripted => &["model", "messages", "tools", "stream"],
+    }
+}
+
+/// Inserts each of `options` into `body` except the `owned` keys (which the adapter wrote).
+fn merge_options(
+    body: &mut serde_json::Map<String, serde_json::Value>,
+    options: &serde_json::Map<String, serde_json::Value>,
+    owned: &[&str],
+) {
+    for (key, value) in options {
+        if !owned.contains(&key.as_str()) {
+            body.insert(key.clone(), value.clone());
+        }
+    }
 }
 
 /// What a model call streams, in order. Adapters guarantee: `Retrying` only before any other

@@ -17,7 +17,8 @@ use super::sse::{self, Out, Step, StreamParser};
 use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
 use crate::config::{
-    AssistantToolCallContent, MaxTokensField, ProviderConfig, ReasoningEffort, ReasoningReplay,
+    AssistantToolCallContent, InstructionsRole, MaxTokensField, ProviderConfig, ReasoningEffort,
+    ReasoningReplay,
 };
 use crate::domain::{
     ContentPart, FinishReason, Message, Reasoning, Role, TokenUsage, ToolCall, ToolChoice,
@@ -40,6 +41,7 @@ struct Options {
     assistant_tool_call_content: AssistantToolCallContent,
     reasoning_replay: ReasoningReplay,
     reasoning_effort: Option<ReasoningEffort>,
+    instructions_role: InstructionsRole,
 }
 
 /// OpenAI's own defaults (as for `https://api.openai.com/v1`).
@@ -50,6 +52,7 @@ impl Default for Options {
             assistant_tool_call_content: AssistantToolCallContent::Null,
             reasoning_replay: ReasoningReplay::None,
             reasoning_effort: None,
+            instructions_role: InstructionsRole::System,
         }
     }
 }
@@ -63,6 +66,7 @@ impl Options {
             assistant_tool_call_content: config.assistant_tool_call_content,
             reasoning_replay: config.reasoning_replay,
             reasoning_effort: config.reasoning_effort,
+            instructions_role: config.instructions_role,
         }
     }
 }
@@ -221,20 +225,64 @@ fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
 // ---------------------------------------------------------------------------------------------
 // Request
 
-/// The JSON body of a streaming Chat Completions request. The output limit goes in the
-/// configured `max_tokens_field`; `reasoning_effort` when configured. Assistant messages with
-/// neither text nor tool calls (nor reasoning to replay) are left out: the API rejects them.
+/// The keys [`request_body`] writes itself or models, which `provider_options` may not set
+/// (see [`super::owned_keys`]).
+pub const OWNED_KEYS: &[&str] = &[
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "n",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "parallel_tool_calls",
+];
+
+/// The JSON body of a streaming Chat Completions request. The instructions are a first
+/// message of the configured `instructions_role` (`system` or `developer`); the output limit
+/// goes in the configured `max_tokens_field`; `temperature`, `top_p`, `stop`, `seed` when set,
+/// `parallel_tool_calls` when set and tools are offered (the API refuses it without tools);
+/// `reasoning_effort` when configured; then `provider_options`, except [`OWNED_KEYS`].
+/// Assistant messages with neither text nor tool calls (nor reasoning to replay) are left
+/// out: the API rejects them.
 fn request_body(request: &ModelRequest, options: &Options) -> Value {
     let mut body = Map::new();
     body.insert("model".to_owned(), json!(request.model));
     let replay = replayed_reasoning(&request.messages, options.reasoning_replay);
-    let messages = request
-        .messages
-        .iter()
-        .zip(replay)
-        .filter_map(|(message, replay)| message_json(message, replay, options))
+    let instructions = request
+        .instructions
+        .as_deref()
+        .filter(|text| !text.is_empty())
+        .map(|text| json!({"role": options.instructions_role.as_str(), "content": text}));
+    let messages = instructions
+        .into_iter()
+        .chain(
+            request
+                .messages
+                .iter()
+                .zip(replay)
+                .filter_map(|(message, replay)| message_json(message, replay, options)),
+        )
         .collect();
     body.insert("messages".to_owned(), Value::Array(messages));
+    if let Some(temperature) = request.temperature {
+        body.insert("temperature".to_owned(), json!(temperature));
+    }
+    if let Some(top_p) = request.top_p {
+        body.insert("top_p".to_owned(), json!(top_p));
+    }
+    if !request.stop.is_empty() {
+        body.insert("stop".to_owned(), json!(request.stop));
+    }
+    if let Some(seed) = request.seed {
+        body.insert("seed".to_owned(), json!(seed));
+    }
     body.insert("stream".to_owned(), json!(true));
     body.insert("stream_options".to_owned(), json!({"include_usage": true}));
     if let Some(max) = request.max_output_tokens {
@@ -270,7 +318,11 @@ fn request_body(request: &ModelRequest, options: &Options) -> Value {
             ToolChoice::Tool { name } => json!({"type": "function", "function": {"name": name}}),
         };
         body.insert("tool_choice".to_owned(), choice);
+        if let Some(parallel) = request.parallel_tool_calls {
+            body.insert("parallel_tool_calls".to_owned(), json!(parallel));
+        }
     }
+    super::merge_options(&mut body, &request.provider_options, OWNED_KEYS);
     Value::Object(body)
 }
 

@@ -15,7 +15,13 @@
 //!   offered, `{"name": …}` calls that tool (arguments `{}`);
 //! - `count to N` (N up to 10000): the reply `1 2 3 … N.`, one token per number — at the
 //!   default pace, 100 numbers take 3 s: time to cancel;
-//! - anything else: a fixed greeting that quotes the input.
+//! - anything else: a fixed greeting that quotes the input (and the run's instructions, when
+//!   it has some, so a demo shows they arrive).
+//!
+//! Of the model parameters it honours `max_output_tokens`, `stop` (the reply ends before the
+//! first stop sequence, `Finished(Stop)`) and `parallel_tool_calls = false` (only the first
+//! requested call is made); `temperature`, `top_p`, `seed` and `provider_options` are accepted
+//! and ignored. Tools the run defines for the client are called like any other offered tool.
 //!
 //! **Pace**: each text token (a word with its following space) and each tool-call argument
 //! piece is sent `token_delay_ms` (default 30) after the previous one. The reply is cut at the
@@ -204,7 +210,9 @@ impl Provider for Scripted {
         let mut first_delay = Duration::from_millis(turn.delay_ms);
         let mut next_delay = || std::mem::take(&mut first_delay) + pace;
 
-        let tokens: Vec<&str> = turn.text.split_inclusive(' ').collect();
+        // A stop sequence ends the text where it first appears (it is not sent).
+        let (text, stopped) = cut_at_stop(&turn.text, &request.stop);
+        let tokens: Vec<&str> = text.split_inclusive(' ').collect();
         let cut = tokens.len() > limit;
         for token in tokens.iter().take(limit) {
             steps.push((next_delay(), Ok(ModelEvent::TextDelta((*token).to_owned()))));
@@ -219,7 +227,7 @@ impl Provider for Scripted {
             } else {
                 FinishReason::Stop
             };
-            if !cut && !turn.tool_calls.is_empty() {
+            if !cut && !stopped && !turn.tool_calls.is_empty() {
                 finish = FinishReason::ToolCalls;
                 let first_id = request
                     .messages
@@ -289,6 +297,19 @@ impl Provider for Scripted {
     }
 }
 
+/// `text` up to the first of the `stop` sequences, and whether one was found.
+fn cut_at_stop<'a>(text: &'a str, stop: &[String]) -> (&'a str, bool) {
+    match stop
+        .iter()
+        .filter(|sequence| !sequence.is_empty())
+        .filter_map(|sequence| text.find(sequence.as_str()))
+        .min()
+    {
+        Some(at) => (&text[..at], true),
+        None => (text, false),
+    }
+}
+
 /// `text` in pieces of [`ARGUMENT_PIECE_CHARS`] characters.
 fn pieces(text: &str) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
@@ -348,7 +369,10 @@ fn built_in_turn(request: &ModelRequest) -> Turn {
         .find(|message| message.role == Role::User)
         .map(|message| text_of(&message.content))
         .unwrap_or_default();
-    let tool_calls = requested_calls(request, &input);
+    let mut tool_calls = requested_calls(request, &input);
+    if request.parallel_tool_calls == Some(false) {
+        tool_calls.truncate(1);
+    }
     if !tool_calls.is_empty() {
         return Turn {
             tool_calls,
@@ -360,11 +384,19 @@ fn built_in_turn(request: &ModelRequest) -> Turn {
             let numbers: Vec<String> = (1..=n).map(|i| i.to_string()).collect();
             format!("{}.", numbers.join(" "))
         }
-        None => format!(
-            "Hello! I am behest's built-in demo model. You said: “{}”. Ask me what time it is \
-             to see a tool call, or to count to 200 to have time to cancel.",
-            input.trim()
-        ),
+        None => {
+            let greeting = format!(
+                "Hello! I am behest's built-in demo model. You said: “{}”. Ask me what time it \
+                 is to see a tool call, or to count to 200 to have time to cancel.",
+                input.trim()
+            );
+            match request.instructions.as_deref().map(str::trim) {
+                Some(instructions) if !instructions.is_empty() => {
+                    format!("(My instructions: “{instructions}”.) {greeting}")
+                }
+                _ => greeting,
+            }
+        }
     };
     Turn {
         text,
@@ -477,6 +509,7 @@ mod tests {
             tool_call_id: None,
             tool_name: None,
             created_at: chrono::Utc::now(),
+            status: Default::default(),
         }
     }
 
@@ -494,6 +527,7 @@ mod tests {
                 .collect(),
             tool_choice: ToolChoice::default(),
             max_output_tokens: Some(100),
+            ..ModelRequest::default()
         }
     }
 
@@ -529,6 +563,26 @@ mod tests {
         assert_eq!(count_to("count to many"), None);
         let turn = built_in_turn(&request("count to 3", &[]));
         assert_eq!(turn.text, "1 2 3.");
+    }
+
+    #[test]
+    fn stop_instructions_and_parallel_calls_are_honoured() {
+        assert_eq!(
+            cut_at_stop("one two END three", &["END".to_owned()]),
+            ("one two ", true)
+        );
+        assert_eq!(cut_at_stop("one", &["x".to_owned()]), ("one", false));
+        let mut greeting = request("hi", &[]);
+        greeting.instructions = Some("Be kind.".to_owned());
+        assert!(
+            built_in_turn(&greeting)
+                .text
+                .starts_with("(My instructions: “Be kind.”.) Hello!")
+        );
+        let mut calls = request("call a call b", &["a", "b"]);
+        assert_eq!(built_in_turn(&calls).tool_calls.len(), 2);
+        calls.parallel_tool_calls = Some(false);
+        assert_eq!(built_in_turn(&calls).tool_calls.len(), 1);
     }
 
     #[tokio::test]

@@ -108,6 +108,7 @@ pub(super) fn message(role: Role, content: Vec<ContentPart>) -> Message {
         tool_call_id: None,
         tool_name: None,
         created_at: Utc::now(),
+        status: Default::default(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The runtime: admits runs, executes each in a task it owns, cancels them, recovers runs left
 //! non-terminal by a previous process, and serves watches of the event log.
 
+mod agents;
 mod doom_loop;
 mod event_log;
 mod model_turn;
@@ -11,7 +12,7 @@ pub mod tokens;
 mod tool_exec;
 mod watch;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -20,16 +21,14 @@ use futures::Stream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
-use crate::domain::{
-    CreateRunRequest, MessageId, RequestProblem, RunId, RunRecord, RunStatus, SessionId,
-};
-use crate::domain::{ToolChoice, ToolChoiceMode};
+use crate::config::{AgentPreset, ModelConfig, ProviderConfig, RuntimeConfig};
+use crate::domain::{CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId};
 use crate::events::{EventFeed, EventPayload, LoggedEvent};
 use crate::provider::Provider;
 use crate::store::{NewRun, Store, StoreError};
 use crate::tools::ToolRegistry;
 
+pub use agents::{Answer, AnswerError};
 pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
 
@@ -59,6 +58,9 @@ pub enum CreateRunError {
     /// No provider with this id is configured.
     #[error("no provider `{0}` is configured")]
     UnknownProvider(String),
+    /// No agent preset with this name is configured.
+    #[error("no agent `{0}` is configured (GET /agents lists them)")]
+    UnknownAgent(String),
     /// The provider has no model with this name.
     #[error("provider `{provider}` has no model `{model}` configured")]
     UnknownModel {
@@ -123,6 +125,8 @@ struct ActiveRun {
     abandon: CancellationToken,
     /// The run's lease is committed in the store (its renewal can be checked).
     leased: bool,
+    /// Notified when answers to the calls it waits for were stored by this process.
+    answered: Arc<tokio::sync::Notify>,
 }
 
 impl ActiveRun {
@@ -131,6 +135,7 @@ impl ActiveRun {
             cancel: CancellationToken::new(),
             abandon: CancellationToken::new(),
             leased,
+            answered: Arc::new(tokio::sync::Notify::new()),
         }
     }
 }
@@ -143,6 +148,8 @@ pub struct Runtime {
     providers: HashMap<String, ProviderEntry>,
     tools: Arc<ToolRegistry>,
     config: RuntimeConfig,
+    /// Agent presets (`[agents.<name>]`), by name.
+    agents: BTreeMap<String, AgentPreset>,
     active: Mutex<HashMap<RunId, ActiveRun>>,
     tasks: TaskTracker,
     /// This process's id as a lease owner (UUID v7, new at each start).
@@ -163,6 +170,18 @@ impl Runtime {
         tools: Arc<ToolRegistry>,
         config: RuntimeConfig,
     ) -> Arc<Self> {
+        Self::with_agents(store, providers, tools, config, BTreeMap::new())
+    }
+
+    /// [`Runtime::new`] with agent presets (check them with [`Runtime::check_agents`]).
+    #[must_use]
+    pub fn with_agents(
+        store: Arc<dyn Store>,
+        providers: HashMap<String, ProviderEntry>,
+        tools: Arc<ToolRegistry>,
+        config: RuntimeConfig,
+        agents: BTreeMap<String, AgentPreset>,
+    ) -> Arc<Self> {
         let owner: Arc<str> = Arc::from(uuid::Uuid::now_v7().to_string());
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
         let log = EventLog::start(store.clone(), feed, config.max_batch_events, owner.clone());
@@ -176,6 +195,7 @@ impl Runtime {
             providers,
             tools,
             config,
+            agents,
             active: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             owner,
@@ -237,35 +257,62 @@ impl Runtime {
         if self.is_stopping() {
             return Err(CreateRunError::ShuttingDown);
         }
-        let model = self.validate(&request)?;
-        let (session_id, create_session) = match request.session_id.as_deref() {
-            None => (SessionId::new(), true),
-            Some(raw) => (
-                raw.parse().map_err(|_| CreateRunError::InvalidField {
+        request
+            .check(self.config.max_iterations_cap)
+            .map_err(|problem| match problem {
+                crate::domain::RequestProblem::Missing(field) => {
+                    CreateRunError::MissingField(field)
+                }
+                crate::domain::RequestProblem::Invalid { field, reason } => {
+                    CreateRunError::InvalidField { field, reason }
+                }
+            })?;
+        let (session_id, session) = match request.session_id.as_deref() {
+            None => (SessionId::new(), None),
+            Some(raw) => {
+                let id: SessionId = raw.parse().map_err(|_| CreateRunError::InvalidField {
                     field: "session_id",
                     reason: "not a UUID".to_owned(),
-                })?,
-                false,
-            ),
+                })?;
+                let session = self
+                    .store
+                    .get_session(id)
+                    .await
+                    .map_err(CreateRunError::Store)?
+                    .ok_or(CreateRunError::SessionNotFound(id))?;
+                (id, Some(session))
+            }
         };
+        let resolved = self.resolve(&request, session.as_ref())?;
+        let model = resolved.model;
         let request_hash = request
             .client_request_id
             .as_ref()
             .map(|_| fingerprint(&request));
+        let session_defaults = match &session {
+            None => resolved.remember.clone(),
+            Some(session) => session.defaults.clone().filled_from(&resolved.remember),
+        };
+        let effective = resolved.request;
         let run_id = RunId::new();
         let new_run = NewRun {
             id: run_id,
             session_id,
-            create_session,
-            provider: request.provider.unwrap_or_default(),
-            model: request.model.unwrap_or_default(),
-            tool_choice: request.tool_choice.unwrap_or_default(),
-            metadata: request.metadata.unwrap_or_else(|| serde_json::json!({})),
-            input: request.input.unwrap_or_default(),
+            create_session: session.is_none(),
+            provider: effective.provider.unwrap_or_default(),
+            model: effective.model.unwrap_or_default(),
+            tool_choice: effective.tool_choice.unwrap_or_default(),
+            metadata: effective.metadata.unwrap_or_else(|| serde_json::json!({})),
+            input: effective.input.unwrap_or_default(),
             user_message_id: MessageId::new(),
-            tools: request.tools,
-            max_iterations: request.max_iterations.unwrap_or(self.config.max_iterations),
-            client_request_id: request.client_request_id,
+            tools: effective.tools,
+            agent: effective.agent,
+            definition: resolved.definition,
+            session_defaults: Some(session_defaults),
+            max_iterations: effective
+                .max_iterations
+                .unwrap_or(self.config.max_iterations),
+            client_request_id: effective.client_request_id,
             request_hash,
             created_at: Utc::now(),
             lease: Some(self.lease()),
@@ -325,63 +372,6 @@ impl Runtime {
         })
     }
 
-    fn validate(&self, request: &CreateRunRequest) -> Result<ModelConfig, CreateRunError> {
-        request
-            .check(self.config.max_iterations_cap)
-            .map_err(|problem| match problem {
-                RequestProblem::Missing(field) => CreateRunError::MissingField(field),
-                RequestProblem::Invalid { field, reason } => {
-                    CreateRunError::InvalidField { field, reason }
-                }
-            })?;
-        for name in request.tools.iter().flatten() {
-            if !self.tools.contains(name) {
-                return Err(CreateRunError::UnknownTool(name.clone()));
-            }
-        }
-        let forces_a_call = matches!(
-            &request.tool_choice,
-            Some(ToolChoice::Mode(ToolChoiceMode::Required) | ToolChoice::Tool { .. })
-        );
-        let no_tools = match &request.tools {
-            Some(tools) => tools.is_empty(),
-            None => self.tools.list().is_empty(),
-        };
-        if forces_a_call && no_tools {
-            return Err(CreateRunError::InvalidField {
-                field: "tool_choice",
-                reason: "requires a tool call, but the run has no tools".to_owned(),
-            });
-        }
-        if let Some(ToolChoice::Tool { name }) = &request.tool_choice {
-            let allowed = request
-                .tools
-                .as_ref()
-                .is_none_or(|tools| tools.contains(name));
-            if !self.tools.contains(name) || !allowed {
-                return Err(CreateRunError::InvalidField {
-                    field: "tool_choice",
-                    reason: format!("names `{name}`, which is not among the run's tools"),
-                });
-            }
-        }
-        let provider = request.provider.as_deref().unwrap_or_default();
-        let model = request.model.as_deref().unwrap_or_default();
-        let entry = self
-            .providers
-            .get(provider)
-            .ok_or_else(|| CreateRunError::UnknownProvider(provider.to_owned()))?;
-        entry
-            .config
-            .models
-            .get(model)
-            .copied()
-            .ok_or_else(|| CreateRunError::UnknownModel {
-                provider: provider.to_owned(),
-                model: model.to_owned(),
-            })
-    }
-
     /// Executes the run in a task of this process: from its start when its log is empty
     /// (`last_sequence` 0), else resumed after the last logged event.
     fn start(
@@ -392,15 +382,23 @@ impl Runtime {
         last_sequence: u64,
     ) {
         let run_id = record.id;
-        let (cancel, abandon) = {
+        let (cancel, abandon, answered) = {
             let mut active = self.active();
             let run = active.entry(run_id).or_insert_with(|| ActiveRun::new(true));
-            (run.cancel.clone(), run.abandon.clone())
+            (
+                run.cancel.clone(),
+                run.abandon.clone(),
+                run.answered.clone(),
+            )
         };
         self.log.feed().open(run_id);
         let emitter = Arc::new(self.log.emitter(run_id, last_sequence, trace));
         let runtime = self.clone();
-        let tokens = run_loop::Tokens { cancel, abandon };
+        let tokens = run_loop::Tokens {
+            cancel,
+            abandon,
+            answered,
+        };
         self.tasks.spawn(async move {
             run_loop::supervise(&runtime, record, model, emitter, tokens, last_sequence > 0).await;
             runtime.active().remove(&run_id);

@@ -5,12 +5,16 @@
 use futures::StreamExt;
 
 use super::RunEmitter;
-use crate::domain::{FinishReason, Reasoning, TokenUsage, ToolCall};
+use super::tool_exec::{logged_events, new_message, text_field};
+use crate::domain::{
+    ContentPart, FinishReason, MessageStatus, Reasoning, Role, RunRecord, TokenUsage, ToolCall,
+};
 use crate::events::{
-    CacheMetrics, EventPayload, ModelRetrying, ReasoningDelta, TextDelta, ToolCallCompleted,
-    ToolCallDelta, ToolCallStarted,
+    CacheMetrics, EventPayload, MessageCommitted, ModelRetrying, ReasoningDelta, TextDelta,
+    ToolCallCompleted, ToolCallDelta, ToolCallStarted,
 };
 use crate::provider::{ModelEvent, ModelStream, ProviderError};
+use crate::store::{RunChange, Store, StoreError};
 
 use super::event_log::LogError;
 
@@ -164,6 +168,68 @@ pub(super) async fn read_model_stream(
     Ok(turn)
 }
 
+/// For a run that ends early (cancelled, failed, or failed at the next start after a crash):
+/// when its last model call was cut off before its assistant message was committed, stores the
+/// text it streamed (read from the log) as an assistant message with status `incomplete`, so
+/// the session's history says what the user saw and the next turn has that context. Nothing is
+/// kept of a call a resumed run abandoned (followed by `run_resumed`): that call was made
+/// again. The message carries no tool calls (those of a cut-off stream are never executed) and
+/// is only written when the text has a non-whitespace character (providers refuse blank text).
+///
+/// # Errors
+/// The store's or the event log's.
+pub(super) async fn keep_cut_off_text(
+    store: &dyn Store,
+    emitter: &RunEmitter,
+    record: &RunRecord,
+) -> Result<(), StoreError> {
+    let types = [
+        "model_started",
+        "text_delta",
+        "assistant_message_committed",
+        "run_resumed",
+    ];
+    let mut text = String::new();
+    let mut open = false;
+    for (event_type, data) in logged_events(store, record.id, &types).await? {
+        match event_type.as_str() {
+            "model_started" => {
+                open = true;
+                text.clear();
+            }
+            "text_delta" if open => text.push_str(&text_field(&data, "delta")),
+            "text_delta" => {}
+            _ => {
+                open = false;
+                text.clear();
+            }
+        }
+    }
+    if !open || text.trim().is_empty() {
+        return Ok(());
+    }
+    let mut message = new_message(
+        record,
+        Role::Assistant,
+        vec![ContentPart::Text { text }],
+        Vec::new(),
+    );
+    message.status = MessageStatus::Incomplete;
+    emitter
+        .emit_with(
+            EventPayload::AssistantMessageCommitted(MessageCommitted {
+                message_id: message.id,
+            }),
+            RunChange {
+                message: Some(message),
+                ..RunChange::default()
+            },
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
@@ -194,6 +260,9 @@ mod tests {
                 input: "hi".to_owned(),
                 user_message_id: MessageId::new(),
                 tools: None,
+                agent: None,
+                definition: Default::default(),
+                session_defaults: None,
                 max_iterations: 5,
                 client_request_id: None,
                 request_hash: None,

@@ -87,7 +87,16 @@ impl Runtime {
             .providers
             .get(&record.provider)
             .and_then(|entry| entry.config.models.get(&record.model).copied());
+        // A run waiting for its client was not interrupted: its wait resumes whatever
+        // `recovery` says.
+        let waiting = record.status == RunStatus::RequiresAction;
         let error = match (self.config.recovery, model) {
+            (_, Some(model)) if waiting => {
+                let last = self.store.last_sequence(record.id).await?;
+                let trace = self.trace_of(record.id).await?;
+                self.start(record, model, trace, last);
+                return Ok(());
+            }
             (Recovery::Resume, Some(model)) => {
                 let last = self.store.last_sequence(record.id).await?;
                 let trace = self.trace_of(record.id).await?;
@@ -144,6 +153,7 @@ impl Runtime {
             tool_exec::INTERRUPTED
         };
         tool_exec::complete_logged_calls(self.store.as_ref(), &emitter, run.id).await?;
+        super::model_turn::keep_cut_off_text(self.store.as_ref(), &emitter, run).await?;
         tool_exec::finish_logged_executions(self.store.as_ref(), &emitter, run.id, reason).await?;
         tool_exec::answer_open_calls(&self.store, &emitter, run, reason).await?;
         let outcome = RunOutcome {

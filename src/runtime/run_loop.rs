@@ -8,23 +8,24 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::model_turn::{TurnError, read_model_stream};
+use super::agents::{self, Decision, RunAgent, WaitError};
+use super::model_turn::{TurnError, keep_cut_off_text, read_model_stream};
 use super::recovery::{self, Next, PendingCalls};
 use super::tokens::{Reply, TokenCounter};
 use super::tool_exec::{
     self, Execution, InFlight, answer_open_calls, commit_tool_message, skip_calls,
 };
 use super::{DoomLoopDetector, LogError, RunEmitter, Runtime};
-use crate::config::ModelConfig;
+use crate::config::{ActionExpiry, ModelConfig};
 use crate::domain::{
-    ContentPart, ErrorClass, FinishReason, Message, Role, RunRecord, RunStatus, TokenUsage,
-    ToolCall, ToolChoice, ToolChoiceMode,
+    ContentPart, ErrorClass, FinishReason, Message, MessageId, Role, RunRecord, RunStatus,
+    TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
 };
 use crate::events::{
     ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted, RunCancelled,
     RunCompleted, RunFailed, RunResumed, RunStarted, UsageRecorded,
 };
-use crate::provider::{ModelRequest, ProviderError, ToolSpec};
+use crate::provider::{ProviderError, ToolSpec};
 use crate::store::{RunChange, RunOutcome, SnapshotWrite, StoreError};
 
 /// Why the loop stopped early; each maps to the `error_class` of `run_failed`.
@@ -50,6 +51,20 @@ enum RunFailure {
     Internal(String),
     #[error("cancelled")]
     Cancelled,
+    /// The `requires_action` wait passed its deadline.
+    #[error("{0}")]
+    Expired(String),
+}
+
+impl From<WaitError> for RunFailure {
+    fn from(error: WaitError) -> Self {
+        match error {
+            WaitError::Log(error) => Self::Log(error),
+            WaitError::Store(error) => Self::Store(error),
+            WaitError::Suspended => Self::Suspended,
+            WaitError::Expired(message) => Self::Expired(message),
+        }
+    }
 }
 
 impl RunFailure {
@@ -60,6 +75,7 @@ impl RunFailure {
             Self::DoomLoop(_) => ErrorClass::DoomLoop,
             Self::Suspended | Self::Cancelled => ErrorClass::Interrupted,
             Self::Log(_) | Self::Store(_) | Self::Internal(_) => ErrorClass::Internal,
+            Self::Expired(_) => ErrorClass::ActionExpired,
         }
     }
 }
@@ -91,15 +107,19 @@ struct RunContext {
     emitter: Arc<RunEmitter>,
     cancel: CancellationToken,
     in_flight: InFlight,
+    agent: RunAgent,
+    answered: Arc<tokio::sync::Notify>,
 }
 
-/// What stops a run's task from outside.
+/// What stops a run's task from outside, and what wakes it.
 #[derive(Debug, Clone)]
 pub(super) struct Tokens {
     /// A client's cancel: the run ends with `run_cancelled`.
     pub cancel: CancellationToken,
     /// Another process took the run over: the task stops, writing nothing.
     pub abandon: CancellationToken,
+    /// Answers to the calls the run waits for were stored (`requires_action`).
+    pub answered: Arc<tokio::sync::Notify>,
 }
 
 /// Runs the loop in its own task (from the start, or `resumed` after the last logged event)
@@ -120,11 +140,13 @@ pub(super) async fn supervise(
     let cancel = tokens.cancel;
     let context = RunContext {
         runtime: runtime.clone(),
+        agent: RunAgent::of(runtime, &record),
         record,
         model,
         emitter: emitter.clone(),
         cancel: cancel.clone(),
         in_flight: in_flight.clone(),
+        answered: tokens.answered,
     };
     let mut body = tokio::spawn(execute(context, resumed));
     let ended = tokio::select! {
@@ -165,11 +187,19 @@ pub(super) async fn supervise(
         }
         _ => {}
     }
+    let expiry = runtime.config().action_expiry;
     if ended.is_err() {
         let reason = match &ended {
             Err(RunFailure::Cancelled) => tool_exec::CANCELLED,
+            Err(RunFailure::Expired(_)) => agents::EXPIRED,
             _ => "not executed: the run ended before this tool call finished",
         };
+        // The text of a model call the run ended in is kept, marked incomplete.
+        if let Err(error) =
+            keep_cut_off_text(runtime.store().as_ref(), &emitter, &record_for_cleanup).await
+        {
+            tracing::error!(%run_id, %error, "could not keep the cut-off text");
+        }
         // Every started call is completed, even one cut off mid-stream.
         if let Err(error) =
             tool_exec::complete_logged_calls(runtime.store().as_ref(), &emitter, run_id).await
@@ -195,6 +225,14 @@ pub(super) async fn supervise(
             RunOutcome {
                 status: RunStatus::Completed,
                 finish_reason: Some(completion.finish_reason),
+                error: None,
+            },
+        ),
+        Err(RunFailure::Expired(_)) if expiry == ActionExpiry::Cancel => (
+            EventPayload::RunCancelled(RunCancelled {}),
+            RunOutcome {
+                status: RunStatus::Cancelled,
+                finish_reason: Some(FinishReason::Unknown),
                 error: None,
             },
         ),
@@ -280,14 +318,15 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
         })?;
     let config = runtime.config().clone();
     let history = store.session_messages(record.session_id).await?;
+    let doom_loop = record.doom_loop.as_ref().unwrap_or(&config.doom_loop);
     let mut progress = Progress {
         history,
         total_usage: TokenUsage::default(),
         tool_calls_made: 0,
-        doom_loop: config.doom_loop.enabled.then(|| {
-            DoomLoopDetector::new(config.doom_loop.threshold).allowing(&config.doom_loop.allow)
-        }),
-        tools: runtime.tools().specs(record.tools.as_deref()),
+        doom_loop: doom_loop
+            .enabled
+            .then(|| DoomLoopDetector::new(doom_loop.threshold).allowing(&doom_loop.allow)),
+        tools: agents::tool_specs(&runtime, record),
     };
     let mut preamble = Vec::new();
     let first_iteration = if resumed {
@@ -352,13 +391,13 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 ..RunChange::default()
             },
         ));
-        let request = ModelRequest {
-            model: record.model.clone(),
-            messages: progress.history.clone(),
-            tools: progress.tools.clone(),
-            tool_choice: tool_choice_for(&record.tool_choice, iteration),
-            max_output_tokens: Some(model.max_output_tokens),
-        };
+        let request = agents::model_request(
+            record,
+            model,
+            progress.history.clone(),
+            progress.tools.clone(),
+            tool_choice_for(&record.tool_choice, iteration),
+        );
         // The request goes out while `model_started` is being committed: the provider's answer
         // is only read once the event is durable, so nothing of the call precedes it in the log.
         let (logged, stream) =
@@ -375,7 +414,14 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 reasoning: &turn.reasoning_text,
                 tool_calls: &turn.tool_calls,
             };
-            counter.estimate(&progress.history, &progress.tools, &reply)
+            let mut usage = counter.estimate(&progress.history, &progress.tools, &reply);
+            let instructions = record
+                .instructions
+                .as_deref()
+                .map_or(0, super::tokens::count_text);
+            usage.input_tokens += instructions;
+            usage.total_tokens += instructions;
+            usage
         });
         progress.total_usage += usage;
         let recorded = RunChange {
@@ -423,6 +469,7 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 committed,
             )
             .await?;
+        let message_id = assistant.id;
         progress.history.push(assistant);
 
         if turn.tool_calls.is_empty() {
@@ -431,7 +478,7 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 iterations: iteration,
             });
         }
-        run_tools(&context, &mut progress, &turn.tool_calls, None).await?;
+        run_tools(&context, &mut progress, message_id, &turn.tool_calls, None).await?;
     }
     Err(RunFailure::Limit(format!(
         "the run reached max_iterations ({max_iterations}) without the model stopping"
@@ -492,25 +539,27 @@ async fn resume(context: &RunContext, progress: &mut Progress) -> Result<Resumed
             iterations: plan.iteration,
         })),
         Next::Tools(pending) => {
-            let turn_calls = plan
+            let (message_id, turn_calls) = plan
                 .assistant_messages
                 .last()
-                .map(|turn| turn.tool_calls.clone())
+                .map(|turn| (turn.id, turn.tool_calls.clone()))
                 .unwrap_or_default();
-            run_tools(context, progress, &turn_calls, Some(pending)).await?;
+            run_tools(context, progress, message_id, &turn_calls, Some(pending)).await?;
             Ok(Resumed::At(next_iteration))
         }
     }
 }
 
-/// Checks one turn's tool calls (doom loop, `max_tool_calls`), executes them and commits
-/// their results in the model's call order. For a resumed turn, `pending` says which calls are
-/// still unanswered and what the log holds of each: a logged result is committed as it is, an
-/// execution cut off is answered as interrupted (or executed again when its tool is
-/// idempotent), the others execute.
+/// Checks one turn's tool calls (doom loop, `max_tool_calls`), waits for the client's answers
+/// to those it executes or approves (`requires_action`, see `agents::settle`), executes the
+/// rest and commits their results in the model's call order. For a resumed turn, `pending`
+/// says which calls are still unanswered and what the log holds of each: a logged result is
+/// committed as it is, an execution cut off is answered as interrupted (or executed again when
+/// its tool is idempotent), the others execute.
 async fn run_tools(
     context: &RunContext,
     progress: &mut Progress,
+    message_id: MessageId,
     turn_calls: &[ToolCall],
     pending: Option<PendingCalls>,
 ) -> Result<(), RunFailure> {
@@ -568,11 +617,23 @@ async fn run_tools(
         .await?;
         return Err(RunFailure::Limit(reason));
     }
+    let wait = agents::Wait {
+        runtime,
+        record,
+        emitter,
+        agent: &context.agent,
+        answered: &context.answered,
+    };
+    let decisions = agents::settle(&wait, message_id, &to_answer).await?;
     let executions = futures::stream::iter(to_answer)
         .map(|call| {
-            let execution = match &pending {
-                None => Execution::Run,
-                Some(pending) => {
+            let logged = pending.as_ref().and_then(|p| p.finished.get(&call.id));
+            let execution = match (&pending, decisions.get(&call.id)) {
+                (_, Some(Decision::Answered { result, waited_ms })) if logged.is_none() => {
+                    Execution::Answered(result.clone(), *waited_ms)
+                }
+                (None, _) => Execution::Run,
+                (Some(pending), _) => {
                     if let Some(result) = pending.finished.get(&call.id) {
                         Execution::Logged(result.clone())
                     } else if pending.started.contains(&call.id) {

@@ -150,6 +150,7 @@ mod tests {
             tool_call_id: None,
             tool_name: None,
             created_at: chrono::Utc::now(),
+            status: Default::default(),
         };
         let reply = Reply {
             text: "Sunny.",

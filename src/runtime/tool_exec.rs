@@ -93,6 +93,10 @@ pub(super) enum Execution {
     Interrupted,
     /// Its `tool_execution_finished` is in the log already: its result is answered as logged.
     Logged(ToolExecutionResult),
+    /// Not executed here: its result came from outside (a client tool's output, a rejected
+    /// approval) or from a check, after the run waited this many ms; only a
+    /// `tool_execution_finished` (which moves the run out of `requires_action`).
+    Answered(ToolExecutionResult, u64),
 }
 
 /// Executes one tool call (see [`Execution`]): `tool_execution_started`, the call (validated,
@@ -110,6 +114,24 @@ pub(super) async fn execute_tool(
 ) -> Result<(ToolCall, Vec<ContentPart>), LogError> {
     match execution {
         Execution::Logged(result) => return Ok((call, tool_content(&result))),
+        Execution::Answered(result, waited_ms) => {
+            let content = tool_content(&result);
+            emitter
+                .emit_with(
+                    EventPayload::ToolExecutionFinished(ToolExecutionFinished {
+                        call_id: call.id.clone(),
+                        tool_name: call.name.clone(),
+                        result,
+                        duration_ms: waited_ms,
+                    }),
+                    RunChange {
+                        status: Some(RunStatus::WaitingForTools),
+                        ..RunChange::default()
+                    },
+                )
+                .await?;
+            return Ok((call, content));
+        }
         Execution::Interrupted => {
             let result = ToolExecutionResult::Failure(ToolFailure {
                 error: INTERRUPTED.to_owned(),
@@ -145,8 +167,7 @@ pub(super) async fn execute_tool(
     }
     let started = Instant::now();
     let allowed = record
-        .tools
-        .as_ref()
+        .server_tools()
         .is_none_or(|tools| tools.contains(&call.name));
     let outcome = if let Some(raw) = &call.invalid_arguments {
         Err(format!(
@@ -154,14 +175,12 @@ pub(super) async fn execute_tool(
             excerpt(raw, ARGUMENT_EXCERPT_BYTES)
         ))
     } else if allowed {
-        let timeout = Duration::from_millis(config.tool_timeout_ms);
+        let timeout_ms = record.tool_timeout_ms.unwrap_or(config.tool_timeout_ms);
+        let timeout = Duration::from_millis(timeout_ms);
         match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await
         {
             Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
-                "`{}` timed out after {} ms",
-                call.name, config.tool_timeout_ms
-            )),
+            Err(_) => Err(format!("`{}` timed out after {timeout_ms} ms", call.name)),
         }
     } else {
         Err(format!(
@@ -291,7 +310,7 @@ pub(super) async fn skip_calls(
 }
 
 /// The run's logged events of the given `types`, in order, with their data parsed.
-async fn logged_events(
+pub(super) async fn logged_events(
     store: &dyn Store,
     run_id: crate::domain::RunId,
     types: &[&str],
@@ -314,7 +333,7 @@ async fn logged_events(
     Ok(found)
 }
 
-fn text_field(data: &serde_json::Value, key: &str) -> String {
+pub(super) fn text_field(data: &serde_json::Value, key: &str) -> String {
     data[key].as_str().unwrap_or_default().to_owned()
 }
 
@@ -459,6 +478,7 @@ pub(super) fn new_message(
         tool_call_id: None,
         tool_name: None,
         created_at: Utc::now(),
+        status: crate::domain::MessageStatus::Completed,
     }
 }
 

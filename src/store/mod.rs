@@ -12,8 +12,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::domain::{
-    FinishReason, Message, MessageId, Role, RunId, RunRecord, RunStatus, Session, SessionId,
-    Snapshot, TokenUsage, ToolChoice,
+    ActionAnswer, FinishReason, Message, MessageId, RequiredAction, Role, RunDefinition, RunId,
+    RunRecord, RunStatus, RunTool, Session, SessionDefaults, SessionId, Snapshot, TokenUsage,
+    ToolChoice,
 };
 use crate::events::LoggedEvent;
 
@@ -115,8 +116,15 @@ pub struct NewRun {
     pub input: String,
     /// Id of the user message.
     pub user_message_id: MessageId,
-    /// Tool allow-list.
-    pub tools: Option<Vec<String>>,
+    /// The run's tools (server tool names, client tool definitions); `None`: every server tool.
+    pub tools: Option<Vec<RunTool>>,
+    /// The agent preset the run was defined from.
+    pub agent: Option<String>,
+    /// Instructions, parameters, provider options, approvals and limits in force.
+    pub definition: RunDefinition,
+    /// The session's defaults to store: for a new session, its defaults; for an existing
+    /// session, written only when it has no run yet (its first run fills in what it lacks).
+    pub session_defaults: Option<SessionDefaults>,
     /// Model calls the run may make at most.
     pub max_iterations: u32,
     /// Idempotency key.
@@ -231,6 +239,33 @@ pub struct RunChange {
     /// Why the model stopped, recorded with the assistant message of a run's last turn so a
     /// run resumed before its terminal event still knows it.
     pub finish_reason: Option<FinishReason>,
+    /// What the run waits for from now on (`tool_calls_required`, with status
+    /// `requires_action`); any later status change clears it.
+    pub required_action: Option<RequiredAction>,
+}
+
+/// What recording a client's answers to a paused run did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubmitOutcome {
+    /// Stored; the run may resume.
+    Accepted,
+    /// No such run.
+    NotFound,
+    /// The run is not waiting for these calls (any more): its status now.
+    NotWaiting(RunStatus),
+    /// The wait passed its deadline.
+    Expired,
+    /// This call was answered before.
+    AlreadyAnswered(String),
+}
+
+/// A change of a session's title and metadata (`PATCH /sessions/{id}`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionPatch {
+    /// A new title (`Some(None)` clears it).
+    pub title: Option<Option<String>>,
+    /// A new metadata object.
+    pub metadata: Option<serde_json::Value>,
 }
 
 /// The final state of a run, written with its terminal event.
@@ -349,8 +384,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`StoreError::RunActive`] while the run is not terminal (nothing is deleted).
     async fn delete_snapshot(&self, run_id: RunId) -> StoreResult<bool>;
 
-    /// Removes the events and snapshots of up to `limit` runs that ended before `ended_before`
-    /// (one transaction) and marks them `events_removed_at`; returns how many runs.
+    /// Removes the events, snapshots and recorded tool answers of up to `limit` runs that ended
+    /// before `ended_before` (one transaction) and marks them `events_removed_at`; returns how
+    /// many runs.
     async fn remove_expired_events(
         &self,
         ended_before: DateTime<Utc>,
@@ -369,6 +405,47 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`StoreError::SessionBusy`] while it has an active run (nothing is deleted).
     async fn delete_session(&self, id: SessionId) -> StoreResult<bool>;
+
+    /// Creates a session without runs; returns it as stored (PostgreSQL keeps microseconds).
+    async fn create_session(&self, session: &Session) -> StoreResult<Session>;
+
+    /// Changes a session's title and metadata (and `updated_at`); `None` when it does not
+    /// exist.
+    async fn update_session(
+        &self,
+        id: SessionId,
+        patch: &SessionPatch,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<Session>>;
+
+    /// Up to `limit` of the session's messages, oldest first, after the message `after` (from
+    /// the start when `None`); reads only that page. `None` when `after` is not a message of
+    /// the session.
+    async fn session_messages_page(
+        &self,
+        session_id: SessionId,
+        after: Option<MessageId>,
+        limit: u32,
+    ) -> StoreResult<Option<Vec<Message>>>;
+
+    /// Records answers to the calls a paused run waits for, in one transaction serialized with
+    /// [`Store::close_action`]: only while the run is `requires_action` for the assistant
+    /// message `message_id` and before its deadline (`now_ms`), and only for calls not answered
+    /// before (all or none are stored).
+    async fn submit_answers(
+        &self,
+        run_id: RunId,
+        message_id: MessageId,
+        answers: &[(String, ActionAnswer)],
+        now_ms: i64,
+    ) -> StoreResult<SubmitOutcome>;
+
+    /// The answers recorded for the run's calls, by call id.
+    async fn action_answers(&self, run_id: RunId) -> StoreResult<Vec<(String, ActionAnswer)>>;
+
+    /// The answers recorded for the run's calls, read after every submission that began
+    /// before this call has committed (its deadline passed: none after it is accepted).
+    async fn close_action(&self, run_id: RunId) -> StoreResult<Vec<(String, ActionAnswer)>>;
 }
 
 /// Opens the store a URL names, creating the SQLite file when missing, and applies migrations.

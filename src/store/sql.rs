@@ -9,22 +9,24 @@ use uuid::Uuid;
 
 use super::{StoreError, StoreResult};
 use crate::domain::{
-    FinishReason, Message, MessageId, Role, RunId, RunRecord, RunStatus, Session, SessionId,
-    Snapshot, TokenUsage,
+    FinishReason, Message, MessageId, MessageStatus, Role, RunDefinition, RunId, RunRecord,
+    RunStatus, Session, SessionId, Snapshot, TokenUsage,
 };
 use crate::events::LoggedEvent;
 
 pub(super) const RUN_COLUMNS: &str = "id, session_id, status, provider, model, tool_choice, \
      metadata, iterations, finish_reason, input_tokens, output_tokens, total_tokens, error, \
      tools, max_iterations, client_request_id, created_at, updated_at, reasoning_tokens, \
-     usage_estimated, events_removed_at";
+     usage_estimated, events_removed_at, agent, definition, required_action";
 
 pub(super) const SNAPSHOT_COLUMNS: &str = "run_id, session_id, status, iteration, input_tokens, \
      output_tokens, total_tokens, reasoning_tokens, usage_estimated, tool_calls, last_sequence, \
      created_at";
 
 pub(super) const MESSAGE_COLUMNS: &str = "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at, \
-     reasoning";
+     reasoning, status";
+
+pub(super) const SESSION_COLUMNS: &str = "id, created_at, updated_at, title, metadata, defaults";
 
 #[derive(sqlx::FromRow)]
 pub(super) struct RunRow {
@@ -49,6 +51,9 @@ pub(super) struct RunRow {
     reasoning_tokens: i64,
     usage_estimated: bool,
     events_removed_at: Option<DateTime<Utc>>,
+    agent: Option<String>,
+    definition: String,
+    required_action: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -138,7 +143,20 @@ impl TryFrom<RunRow> for RunRecord {
     type Error = StoreError;
 
     fn try_from(row: RunRow) -> StoreResult<Self> {
+        let definition: RunDefinition = json("definition", &row.definition)?;
         Ok(Self {
+            agent: row.agent,
+            instructions: definition.instructions,
+            parameters: definition.parameters,
+            provider_options: definition.provider_options,
+            approval: definition.approval,
+            tool_timeout_ms: definition.tool_timeout_ms,
+            action_timeout_ms: definition.action_timeout_ms,
+            doom_loop: definition.doom_loop,
+            required_action: row
+                .required_action
+                .map(|a| json("required_action", &a))
+                .transpose()?,
             id: RunId(row.id),
             session_id: SessionId(row.session_id),
             status: RunStatus::parse(&row.status).ok_or_else(|| corrupt("status", &row.status))?,
@@ -194,6 +212,7 @@ pub(super) struct MessageRow {
     tool_name: Option<String>,
     created_at: DateTime<Utc>,
     reasoning: String,
+    status: String,
 }
 
 impl TryFrom<MessageRow> for Message {
@@ -211,6 +230,8 @@ impl TryFrom<MessageRow> for Message {
             tool_call_id: row.tool_call_id,
             tool_name: row.tool_name,
             created_at: row.created_at,
+            status: MessageStatus::parse(&row.status)
+                .ok_or_else(|| corrupt("status", &row.status))?,
         })
     }
 }
@@ -239,16 +260,42 @@ pub(super) struct SessionRow {
     id: Uuid,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    title: Option<String>,
+    metadata: String,
+    defaults: String,
 }
 
-impl From<SessionRow> for Session {
-    fn from(row: SessionRow) -> Self {
-        Self {
+impl TryFrom<SessionRow> for Session {
+    type Error = StoreError;
+
+    fn try_from(row: SessionRow) -> StoreResult<Self> {
+        Ok(Self {
             id: SessionId(row.id),
             created_at: row.created_at,
             updated_at: row.updated_at,
-        }
+            title: row.title,
+            metadata: json("metadata", &row.metadata)?,
+            defaults: json("defaults", &row.defaults)?,
+        })
     }
+}
+
+pub(super) fn sessions(rows: Vec<SessionRow>) -> StoreResult<Vec<Session>> {
+    rows.into_iter().map(TryInto::try_into).collect()
+}
+
+/// Parses stored answers `(call_id, answer JSON)`.
+pub(super) fn answers(
+    rows: Vec<(String, String)>,
+) -> StoreResult<Vec<(String, crate::domain::ActionAnswer)>> {
+    rows.into_iter()
+        .map(|(call_id, answer)| Ok((call_id, json("answer", &answer)?)))
+        .collect()
+}
+
+/// Parses a stored `required_action`.
+pub(super) fn required_action(text: &str) -> StoreResult<crate::domain::RequiredAction> {
+    json("required_action", text)
 }
 
 pub(super) fn runs<R: TryInto<RunRecord, Error = StoreError>>(
@@ -278,10 +325,12 @@ macro_rules! impl_store {
             ) -> $crate::store::StoreResult<$crate::domain::RunRecord> {
                 use $crate::store::sql::{MESSAGE_COLUMNS, RUN_COLUMNS, to_json};
                 let mut tx = self.begin_write().await?;
+                let defaults = run.session_defaults.as_ref().map(to_json).transpose()?;
                 if run.create_session {
-                    sqlx::query("INSERT INTO sessions (id, created_at, updated_at) VALUES ($1, $2, $2)")
+                    sqlx::query("INSERT INTO sessions (id, created_at, updated_at, defaults) VALUES ($1, $2, $2, $3)")
                         .bind(run.session_id.0)
                         .bind(run.created_at)
+                        .bind(defaults.as_deref().unwrap_or("{}"))
                         .execute(&mut *tx)
                         .await?;
                 } else {
@@ -293,15 +342,26 @@ macro_rules! impl_store {
                     if updated.rows_affected() == 0 {
                         return Err($crate::store::StoreError::SessionNotFound(run.session_id));
                     }
+                    // A session remembers what its first run was defined with.
+                    if let Some(defaults) = &defaults {
+                        sqlx::query(
+                            "UPDATE sessions SET defaults = $2 WHERE id = $1 \
+                             AND NOT EXISTS (SELECT 1 FROM runs WHERE session_id = $1)",
+                        )
+                        .bind(run.session_id.0)
+                        .bind(defaults.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                    }
                 }
                 let tools = run.tools.as_ref().map(to_json).transpose()?;
                 let inserted: Result<$crate::store::sql::RunRow, sqlx::Error> = sqlx::query_as(&format!(
                     "INSERT INTO runs (id, session_id, status, provider, model, tool_choice, metadata, \
                      iterations, input_tokens, output_tokens, total_tokens, tools, max_iterations, \
                      client_request_id, request_hash, created_at, updated_at, lease_owner, \
-                     lease_expires_ms) \
+                     lease_expires_ms, agent, definition) \
                      VALUES ($1, $2, 'pending', $3, $4, $5, $6, 0, 0, 0, 0, $7, $8, $9, $10, $11, $11, \
-                     $12, $13) \
+                     $12, $13, $14, $15) \
                      RETURNING {RUN_COLUMNS}"
                 ))
                 .bind(run.id.0)
@@ -317,6 +377,8 @@ macro_rules! impl_store {
                 .bind(run.created_at)
                 .bind(run.lease.as_ref().map(|lease| lease.owner.as_str()))
                 .bind(run.lease.as_ref().map(|lease| lease.expires_ms))
+                .bind(run.agent.as_deref())
+                .bind(to_json(&run.definition)?)
                 .fetch_one(&mut *tx)
                 .await;
                 let row = match inserted {
@@ -329,7 +391,7 @@ macro_rules! impl_store {
                 };
                 let content = to_json(&[$crate::domain::ContentPart::Text { text: run.input.clone() }])?;
                 sqlx::query(&format!(
-                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, '[]', NULL, NULL, $5, '[]')"
+                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, '[]', NULL, NULL, $5, '[]', 'completed')"
                 ))
                 .bind(run.user_message_id.0)
                 .bind(run.session_id.0)
@@ -462,6 +524,8 @@ macro_rules! impl_store {
                         let (iterations, usage) = change.progress.unzip();
                         sqlx::query(
                             "UPDATE runs SET status = COALESCE($2, status), \
+                             required_action = CASE WHEN $2 IS NULL OR $2 = 'requires_action' \
+                             THEN required_action ELSE NULL END, \
                              iterations = COALESCE($3, iterations), \
                              input_tokens = COALESCE($4, input_tokens), \
                              output_tokens = COALESCE($5, output_tokens), \
@@ -482,10 +546,20 @@ macro_rules! impl_store {
                         .execute(&mut *tx)
                         .await?;
                     }
+                    if let Some(action) = &change.required_action {
+                        sqlx::query(
+                            "UPDATE runs SET required_action = $2 WHERE id = $1 \
+                             AND status NOT IN ('completed', 'failed', 'cancelled')",
+                        )
+                        .bind(write.run_id.0)
+                        .bind($crate::store::sql::to_json(action)?)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
                     let Some(outcome) = &write.outcome else { continue };
                     sqlx::query(
-                        "UPDATE runs SET status = $2, finish_reason = $3, error = $4, updated_at = $5 \
-                         WHERE id = $1",
+                        "UPDATE runs SET status = $2, finish_reason = $3, error = $4, updated_at = $5, \
+                         required_action = NULL WHERE id = $1",
                     )
                     .bind(write.run_id.0)
                     .bind(outcome.status.as_str())
@@ -579,12 +653,13 @@ macro_rules! impl_store {
                 &self,
                 id: $crate::domain::SessionId,
             ) -> $crate::store::StoreResult<Option<$crate::domain::Session>> {
+                use $crate::store::sql::SESSION_COLUMNS;
                 let row: Option<$crate::store::sql::SessionRow> =
-                    sqlx::query_as("SELECT id, created_at, updated_at FROM sessions WHERE id = $1")
+                    sqlx::query_as(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1"))
                         .bind(id.0)
                         .fetch_optional(&self.pool)
                         .await?;
-                Ok(row.map(Into::into))
+                row.map(TryInto::try_into).transpose()
             }
 
             async fn list_sessions(
@@ -592,16 +667,17 @@ macro_rules! impl_store {
                 before: Option<$crate::domain::SessionId>,
                 limit: u32,
             ) -> $crate::store::StoreResult<Vec<$crate::domain::Session>> {
-                let mut query = sqlx::QueryBuilder::<$db>::new(
-                    "SELECT id, created_at, updated_at FROM sessions WHERE 1 = 1",
-                );
+                use $crate::store::sql::SESSION_COLUMNS;
+                let mut query = sqlx::QueryBuilder::<$db>::new(format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE 1 = 1"
+                ));
                 if let Some(before) = before {
                     query.push(" AND id < ").push_bind(before.0);
                 }
                 query.push(" ORDER BY id DESC LIMIT ").push_bind(i64::from(limit));
                 let rows: Vec<$crate::store::sql::SessionRow> =
                     query.build_query_as().fetch_all(&self.pool).await?;
-                Ok(rows.into_iter().map(Into::into).collect())
+                $crate::store::sql::sessions(rows)
             }
 
             async fn delete_session(
@@ -833,6 +909,180 @@ macro_rules! impl_store {
                 Ok(deleted.rows_affected() > 0)
             }
 
+            async fn create_session(
+                &self,
+                session: &$crate::domain::Session,
+            ) -> $crate::store::StoreResult<$crate::domain::Session> {
+                use $crate::store::sql::{SESSION_COLUMNS, to_json};
+                let row: $crate::store::sql::SessionRow = sqlx::query_as(&format!(
+                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) \
+                     RETURNING {SESSION_COLUMNS}"
+                ))
+                .bind(session.id.0)
+                .bind(session.created_at)
+                .bind(session.updated_at)
+                .bind(session.title.as_deref())
+                .bind(to_json(&session.metadata)?)
+                .bind(to_json(&session.defaults)?)
+                .fetch_one(&self.pool)
+                .await?;
+                row.try_into()
+            }
+
+            async fn update_session(
+                &self,
+                id: $crate::domain::SessionId,
+                patch: &$crate::store::SessionPatch,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> $crate::store::StoreResult<Option<$crate::domain::Session>> {
+                use $crate::store::sql::{SESSION_COLUMNS, to_json};
+                let metadata = patch.metadata.as_ref().map(to_json).transpose()?;
+                let row: Option<$crate::store::sql::SessionRow> = sqlx::query_as(&format!(
+                    "UPDATE sessions SET updated_at = $2, \
+                     title = CASE WHEN $3 THEN $4 ELSE title END, \
+                     metadata = COALESCE($5, metadata) WHERE id = $1 RETURNING {SESSION_COLUMNS}"
+                ))
+                .bind(id.0)
+                .bind(now)
+                .bind(patch.title.is_some())
+                .bind(patch.title.clone().flatten())
+                .bind(metadata)
+                .fetch_optional(&self.pool)
+                .await?;
+                row.map(TryInto::try_into).transpose()
+            }
+
+            async fn session_messages_page(
+                &self,
+                session_id: $crate::domain::SessionId,
+                after: Option<$crate::domain::MessageId>,
+                limit: u32,
+            ) -> $crate::store::StoreResult<Option<Vec<$crate::domain::Message>>> {
+                use $crate::store::sql::MESSAGE_COLUMNS;
+                let from: i64 = match after {
+                    None => 0,
+                    Some(after) => {
+                        let seq: Option<i64> = sqlx::query_scalar(
+                            "SELECT seq FROM messages WHERE id = $1 AND session_id = $2",
+                        )
+                        .bind(after.0)
+                        .bind(session_id.0)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                        match seq {
+                            Some(seq) => seq,
+                            None => return Ok(None),
+                        }
+                    }
+                };
+                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 AND seq > $2 \
+                     ORDER BY seq LIMIT $3"
+                ))
+                .bind(session_id.0)
+                .bind(from)
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::messages(rows).map(Some)
+            }
+
+            async fn submit_answers(
+                &self,
+                run_id: $crate::domain::RunId,
+                message_id: $crate::domain::MessageId,
+                answers: &[(String, $crate::domain::ActionAnswer)],
+                now_ms: i64,
+            ) -> $crate::store::StoreResult<$crate::store::SubmitOutcome> {
+                use $crate::store::SubmitOutcome;
+                let mut tx = self.begin_write().await?;
+                // The run's row is locked until the commit: submissions and `close_action`
+                // follow one another.
+                let row: Option<(String, Option<String>)> = sqlx::query_as(&format!(
+                    "SELECT status, required_action FROM runs WHERE id = $1{}",
+                    Self::ROW_LOCK_EXCLUSIVE
+                ))
+                .bind(run_id.0)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some((status, action)) = row else {
+                    return Ok(SubmitOutcome::NotFound);
+                };
+                let status = $crate::domain::RunStatus::parse(&status)
+                    .ok_or_else(|| $crate::store::StoreError::Corrupt(format!("status: {status}")))?;
+                let action = match action {
+                    Some(text) if status == $crate::domain::RunStatus::RequiresAction => {
+                        $crate::store::sql::required_action(&text)?
+                    }
+                    _ => return Ok(SubmitOutcome::NotWaiting(status)),
+                };
+                if action.message_id != message_id {
+                    return Ok(SubmitOutcome::NotWaiting(status));
+                }
+                if $crate::store::unix_ms(action.expires_at) <= now_ms {
+                    return Ok(SubmitOutcome::Expired);
+                }
+                let answered: Vec<String> =
+                    sqlx::query_scalar("SELECT call_id FROM action_answers WHERE run_id = $1")
+                        .bind(run_id.0)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                if let Some((call_id, _)) = answers.iter().find(|(id, _)| answered.contains(id)) {
+                    return Ok(SubmitOutcome::AlreadyAnswered(call_id.clone()));
+                }
+                let now = chrono::Utc::now();
+                for (call_id, answer) in answers {
+                    sqlx::query(
+                        "INSERT INTO action_answers (run_id, call_id, answer, created_at) \
+                         VALUES ($1, $2, $3, $4)",
+                    )
+                    .bind(run_id.0)
+                    .bind($crate::store::sql::text(call_id))
+                    .bind($crate::store::sql::to_json(answer)?)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(SubmitOutcome::Accepted)
+            }
+
+            async fn action_answers(
+                &self,
+                run_id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<Vec<(String, $crate::domain::ActionAnswer)>> {
+                let rows: Vec<(String, String)> = sqlx::query_as(
+                    "SELECT call_id, answer FROM action_answers WHERE run_id = $1",
+                )
+                .bind(run_id.0)
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::answers(rows)
+            }
+
+            async fn close_action(
+                &self,
+                run_id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<Vec<(String, $crate::domain::ActionAnswer)>> {
+                let mut tx = self.begin_write().await?;
+                // Waits for a submission holding the row's lock to commit.
+                let _: Option<uuid::Uuid> = sqlx::query_scalar(&format!(
+                    "SELECT id FROM runs WHERE id = $1{}",
+                    Self::ROW_LOCK_EXCLUSIVE
+                ))
+                .bind(run_id.0)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let rows: Vec<(String, String)> = sqlx::query_as(
+                    "SELECT call_id, answer FROM action_answers WHERE run_id = $1",
+                )
+                .bind(run_id.0)
+                .fetch_all(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                $crate::store::sql::answers(rows)
+            }
+
             async fn remove_expired_events(
                 &self,
                 ended_before: chrono::DateTime<chrono::Utc>,
@@ -854,6 +1104,7 @@ macro_rules! impl_store {
                 for statement in [
                     "DELETE FROM events WHERE run_id IN (",
                     "DELETE FROM snapshots WHERE run_id IN (",
+                    "DELETE FROM action_answers WHERE run_id IN (",
                     "UPDATE runs SET events_removed_at = ",
                 ] {
                     let mut query = sqlx::QueryBuilder::<$db>::new(statement);
@@ -886,7 +1137,7 @@ macro_rules! impl_explain_conflict {
             ) -> $crate::store::StoreResult<()> {
                 use $crate::store::sql::{MESSAGE_COLUMNS, to_json};
                 sqlx::query(&format!(
-                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
                 ))
                 .bind(message.id.0)
                 .bind(message.session_id.0)
@@ -898,6 +1149,7 @@ macro_rules! impl_explain_conflict {
                 .bind(message.tool_name.as_deref().map($crate::store::sql::text))
                 .bind(message.created_at)
                 .bind(to_json(&message.reasoning)?)
+                .bind(message.status.as_str())
                 .execute(connection)
                 .await?;
                 Ok(())

@@ -31,6 +31,7 @@ impl Builtin {
                     }),
                     source: ToolSource::Builtin,
                     idempotent: true,
+                    requires_approval: false,
                 },
             )),
             _ => Err(ToolSetupError::Invalid(format!(

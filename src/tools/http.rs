@@ -141,6 +141,7 @@ mod tests {
     fn bad_header_is_named_without_value() {
         let config = HttpToolConfig {
             idempotent: false,
+            requires_approval: false,
             description: String::new(),
             url: "http://127.0.0.1:1/".to_owned(),
             parameters: serde_json::json!({"type": "object"}),

@@ -62,6 +62,10 @@ pub struct ToolInfo {
     /// any other such call gets an "interrupted, outcome unknown" result (config `idempotent`,
     /// `idempotent_tools`; built-in tools are).
     pub idempotent: bool,
+    /// Each call waits for a person's approval (`POST /runs/{run_id}/approvals`) before it
+    /// runs (config `requires_approval`, `requires_approval_tools`; a run can ask for more with
+    /// its `approval` list).
+    pub requires_approval: bool,
 }
 
 /// Why a tool call failed; the model sees the message as a `Failure` result.
@@ -197,27 +201,37 @@ impl ToolRegistry {
                 server: id.clone(),
                 transport: mcp::transport_name(config).to_owned(),
             };
-            let idempotent_tools = match config {
+            let (idempotent_tools, approval_tools) = match config {
                 McpServerConfig::Stdio {
-                    idempotent_tools, ..
+                    idempotent_tools,
+                    requires_approval_tools,
+                    ..
                 }
                 | McpServerConfig::Http {
-                    idempotent_tools, ..
-                } => idempotent_tools,
+                    idempotent_tools,
+                    requires_approval_tools,
+                    ..
+                } => (idempotent_tools, requires_approval_tools),
             };
-            if let Some(unknown) = idempotent_tools
-                .iter()
-                .find(|name| !tools.iter().any(|tool| *tool.name == ***name))
-            {
-                let offered: Vec<&str> = tools.iter().map(|tool| &*tool.name).collect();
-                return Err(ToolSetupError::Invalid(format!(
-                    "mcp_servers.{id}.idempotent_tools: `{unknown}` is not a tool of this server \
-                     (it offers: {})",
-                    offered.join(", ")
-                )));
+            for (key, names) in [
+                ("idempotent_tools", idempotent_tools),
+                ("requires_approval_tools", approval_tools),
+            ] {
+                if let Some(unknown) = names
+                    .iter()
+                    .find(|name| !tools.iter().any(|tool| *tool.name == ***name))
+                {
+                    let offered: Vec<&str> = tools.iter().map(|tool| &*tool.name).collect();
+                    return Err(ToolSetupError::Invalid(format!(
+                        "mcp_servers.{id}.{key}: `{unknown}` is not a tool of this server \
+                         (it offers: {})",
+                        offered.join(", ")
+                    )));
+                }
             }
             for tool in tools {
                 let info = ToolInfo {
+                    requires_approval: approval_tools.iter().any(|name| **name == *tool.name),
                     idempotent: idempotent_tools.iter().any(|name| **name == *tool.name),
                     name: tool.name.to_string(),
                     description: tool.description.as_deref().unwrap_or_default().to_owned(),
@@ -251,6 +265,7 @@ impl ToolRegistry {
                     url: config.url.clone(),
                 },
                 idempotent: config.idempotent,
+                requires_approval: config.requires_approval,
             };
             self.register(info, Backend::Http(tool))?;
         }
@@ -313,6 +328,14 @@ impl ToolRegistry {
             .is_some_and(|tool| tool.info.idempotent)
     }
 
+    /// Whether the tool's calls wait for approval by configuration (false for unknown names).
+    #[must_use]
+    pub fn requires_approval(&self, name: &str) -> bool {
+        self.tools
+            .get(name)
+            .is_some_and(|tool| tool.info.requires_approval)
+    }
+
     /// The tools to offer the model: all of them (sorted by name), or those named in `allow`
     /// (in that order; names that are not tools are skipped).
     #[must_use]
@@ -354,24 +377,7 @@ impl ToolRegistry {
             .tools
             .get(name)
             .ok_or_else(|| ToolError::UnknownTool(name.to_owned()))?;
-        let violations: Vec<String> = tool
-            .validator
-            .iter_errors(arguments)
-            .map(|error| {
-                let path = error.instance_path.to_string();
-                if path.is_empty() {
-                    error.to_string()
-                } else {
-                    format!("{path}: {error}")
-                }
-            })
-            .collect();
-        if !violations.is_empty() {
-            return Err(ToolError::InvalidArguments {
-                tool: name.to_owned(),
-                reason: violations.join("; "),
-            });
-        }
+        check_arguments(name, &tool.validator, arguments)?;
         match &tool.backend {
             Backend::Mcp(server) => {
                 let serde_json::Value::Object(arguments) = arguments else {
@@ -387,9 +393,55 @@ impl ToolRegistry {
         }
     }
 
+    /// Validates `arguments` against the tool's schema without calling it.
+    ///
+    /// # Errors
+    /// [`ToolError::UnknownTool`]; [`ToolError::InvalidArguments`] listing every violation.
+    pub fn check_arguments(
+        &self,
+        name: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<(), ToolError> {
+        let tool = self
+            .tools
+            .get(name)
+            .ok_or_else(|| ToolError::UnknownTool(name.to_owned()))?;
+        check_arguments(name, &tool.validator, arguments)
+    }
+
     /// Stops MCP child processes and closes sessions (concurrently, each bounded to 10 s).
     /// Calls made afterwards to MCP tools fail with [`ToolError::Failed`].
     pub async fn shutdown(&self) {
         futures::future::join_all(self.mcp_servers.iter().map(|server| server.close())).await;
+    }
+}
+
+/// Validates `arguments` against a tool's compiled schema.
+///
+/// # Errors
+/// [`ToolError::InvalidArguments`] listing every violation, each with its JSON path.
+pub fn check_arguments(
+    name: &str,
+    validator: &jsonschema::Validator,
+    arguments: &serde_json::Value,
+) -> Result<(), ToolError> {
+    let violations: Vec<String> = validator
+        .iter_errors(arguments)
+        .map(|error| {
+            let path = error.instance_path.to_string();
+            if path.is_empty() {
+                error.to_string()
+            } else {
+                format!("{path}: {error}")
+            }
+        })
+        .collect();
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(ToolError::InvalidArguments {
+            tool: name.to_owned(),
+            reason: violations.join("; "),
+        })
     }
 }

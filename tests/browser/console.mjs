@@ -86,6 +86,30 @@ try {
     'complete answer exactly once after the cut: ' + JSON.stringify(cutAnswers));
   console.log('ok: after a cut stream the answer is complete, exactly once');
 
+  // 4. A run that waits for you (a tool the client executes, a call that needs approval): the
+  // console shows a form, and answering it resumes the run.
+  const created = await (await fetch(url + '/runs', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({
+      provider: 'demo', model: 'demo', input: 'call get_location and call current_time',
+      tools: ['current_time', { name: 'get_location', description: 'Where the user is' }],
+      approval: ['current_time'],
+    }),
+  })).json();
+  const waiting = await open(url);
+  await waiting.locator('#runs button[data-run-id="' + created.run_id + '"]').click();
+  await waiting.waitForSelector('#state[data-state="waiting"]');
+  await waiting.getByLabel('Output of get_location').fill('{"city": "Paris"}');
+  await waiting.getByLabel('Decision on current_time').selectOption('approve');
+  await waiting.getByRole('button', { name: 'Answer the run' }).click();
+  await waiting.waitForSelector('#state[data-state="completed"]');
+  const resumed = (await text(waiting, '#transcript .msg.assistant .text')).pop();
+  check(resumed.includes('`get_location` answered {"city":"Paris"}.')
+    && resumed.includes('`current_time` answered {'), 'the answer uses both results: ' + resumed);
+  check((await waiting.locator('form.action').count()) === 0, 'the form is gone once answered');
+  console.log('ok: a run waiting for you is answered from the console');
+
   // Readable at phone width: nothing wider than the viewport.
   await cut.setViewportSize({ width: 375, height: 700 });
   const overflow = await cut.evaluate(() => document.documentElement.scrollWidth);

@@ -84,3 +84,38 @@ pub fn text_stream(deltas: &[&str]) -> Vec<u8> {
 pub fn error_body(kind: &str, message: &str) -> Value {
     json!({"type": "error", "error": {"type": kind, "message": message}})
 }
+
+/// A complete answer in which the model calls tools, in parallel: one `tool_use` block per
+/// `(call id, tool name, arguments)` (its arguments in two `input_json_delta` pieces), then
+/// `tool_use` as the stop reason.
+pub fn tool_use_stream(calls: &[(&str, &str, Value)]) -> Vec<u8> {
+    let mut body = message_start(30);
+    for (index, (id, name, arguments)) in calls.iter().enumerate() {
+        let text = arguments.to_string();
+        let (head, tail) = text.split_at(text.len() / 2);
+        body.push_str(&event(
+            &json!({"type": "content_block_start", "index": index,
+            "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+        ));
+        for piece in [head, tail] {
+            body.push_str(&event(
+                &json!({"type": "content_block_delta", "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": piece}}),
+            ));
+        }
+        body.push_str(&event(
+            &json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    body.push_str(&message_end("tool_use", 12));
+    body.into_bytes()
+}
+
+/// The start of a text answer (`message_start`, a text block, one delta), then nothing: for a
+/// stream held open (`Reply::stall_after`) or cut (`Reply::close_after`) mid-answer.
+pub fn text_start(text: &str) -> Vec<u8> {
+    let mut body = message_start(10);
+    body.push_str(&event(&json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+    body.push_str(&text_delta(0, text));
+    body.into_bytes()
+}

@@ -513,6 +513,7 @@ pub fn message(role: Role, text: &str) -> Message {
         tool_call_id: None,
         tool_name: None,
         created_at: Utc::now(),
+        status: Default::default(),
     }
 }
 

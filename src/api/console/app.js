@@ -1,5 +1,6 @@
 // behest web console: plain JavaScript, no build step. Talks to the same HTTP API as any
-// client: GET /providers, /sessions, /runs; POST /runs and /runs/{id}/cancel; and watches a
+// client: GET /providers, /sessions, /runs; POST /runs, /runs/{id}/cancel, /runs/{id}/tool_outputs
+// and /runs/{id}/approvals (a run waiting for you shows a form); and watches a
 // run with EventSource on /runs/{id}/events (which reconnects by itself with Last-Event-ID;
 // events are applied once each, by sequence).
 'use strict';
@@ -12,7 +13,7 @@ const EVENT_TYPES = [
   'tool_execution_started', 'tool_execution_finished', 'assistant_message_committed',
   'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
   'run_cancelled', 'doom_loop_detected', 'compaction_started', 'compaction_completed',
-  'compaction_failed', 'compaction_circuit_opened', 'run_resumed',
+  'compaction_failed', 'compaction_circuit_opened', 'run_resumed', 'tool_calls_required',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -205,7 +206,12 @@ async function openSession(sessionId) {
         part.type === 'text' ? part.text : part.type === 'json' ? json(part.value) : '').join('');
       if (message.role === 'user') userMessage(transcript, text);
       else if (message.role === 'assistant') {
-        if (text) assistantBubble(transcript).textContent = text;
+        if (text) {
+          const bubble = assistantBubble(transcript);
+          bubble.textContent = text;
+          // The text of a model call its run ended in (cancelled, failed).
+          if (message.status === 'incomplete') bubble.append(el('em', 'muted', ' (incomplete)'));
+        }
         for (const call of message.tool_calls || []) {
           const card = toolCard(transcript, call.name);
           card.args.textContent = call.invalid_arguments || json(call.arguments);
@@ -293,10 +299,84 @@ function watch(runId, transcript) {
   setState('running', 'running');
 }
 
+// A run paused in `requires_action`: one form for every call it waits on, answered at once (the
+// outputs of the tools the client executes, as JSON or text; approve or reject the others).
+function actionForm(current, transcript, event) {
+  const form = el('form', 'action');
+  form.append(el('strong', null, 'The run waits for you'));
+  const answers = [];
+  for (const call of event.tool_calls || []) {
+    const row = el('div', 'pending');
+    const what = call.tool_name + '(' + json(call.arguments) + ')';
+    if (call.kind === 'approval') {
+      const choice = el('select');
+      for (const [value, label] of [['approve', 'Approve'], ['reject', 'Reject']]) {
+        choice.append(Object.assign(el('option', null, label), { value }));
+      }
+      choice.setAttribute('aria-label', 'Decision on ' + call.tool_name);
+      const reason = el('input');
+      reason.placeholder = 'reason (shown to the model when rejected)';
+      reason.setAttribute('aria-label', 'Reason for ' + call.tool_name);
+      row.append(el('span', null, 'Run ' + what + '?'), choice, reason);
+      answers.push({ call, choice, reason });
+    } else {
+      const output = el('textarea');
+      output.rows = 2;
+      output.placeholder = 'its output: JSON or text';
+      output.setAttribute('aria-label', 'Output of ' + call.tool_name);
+      row.append(el('span', null, 'Your tool ' + what + ' returns:'), output);
+      answers.push({ call, output });
+    }
+    form.append(row);
+  }
+  const send = el('button', null, 'Answer the run');
+  send.type = 'submit';
+  form.append(send);
+  form.addEventListener('submit', async (submitEvent) => {
+    submitEvent.preventDefault();
+    send.disabled = true;
+    const parse = (text) => { try { return JSON.parse(text); } catch (_) { return text; } };
+    const outputs = answers.filter((a) => a.output)
+      .map((a) => ({ call_id: a.call.call_id, output: parse(a.output.value) }));
+    const approvals = answers.filter((a) => a.choice).map((a) => ({
+      call_id: a.call.call_id,
+      approve: a.choice.value === 'approve',
+      reason: a.reason.value || undefined,
+    }));
+    try {
+      const run = '/runs/' + current.runId;
+      if (outputs.length) {
+        await api(run + '/tool_outputs', { method: 'POST', body: JSON.stringify({ tool_outputs: outputs }) });
+      }
+      if (approvals.length) {
+        await api(run + '/approvals', { method: 'POST', body: JSON.stringify({ approvals }) });
+      }
+      form.remove();
+      if (!current.done) setState('running', 'running');
+    } catch (error) {
+      note(form, 'error', 'Could not answer: ' + error.message);
+      send.disabled = false;
+    }
+  });
+  transcript.append(form);
+  current.action = form;
+}
+
 function apply(current, transcript, event) {
+  // The run went on: a form for its last wait has no use any more.
+  if (current.action && ['model_started', 'tool_execution_started', 'tool_execution_finished',
+    'run_completed', 'run_failed', 'run_cancelled'].includes(event.type)) {
+    current.action.remove();
+    current.action = null;
+  }
   switch (event.type) {
     case 'model_started':
       current.bubble = null;
+      break;
+    case 'tool_calls_required':
+      current.bubble = null;
+      actionForm(current, transcript, event);
+      setState('waiting for you', 'waiting');
       break;
     case 'text_delta':
       if (!current.bubble) current.bubble = assistantBubble(transcript);

@@ -407,6 +407,7 @@ fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice
         tools,
         tool_choice,
         max_output_tokens: Some(1024),
+        ..ModelRequest::default()
     }
 }
 
@@ -809,4 +810,59 @@ fn prompt_too_long_is_context_length_exceeded() {
         "prompt is too long: 208310 tokens > 200000 maximum",
     );
     assert_eq!(class_of(400, &body), ErrorClass::ContextLengthExceeded);
+}
+
+#[test]
+fn instructions_come_first_in_system_and_options_never_replace_owned_keys() {
+    let mut request = request(
+        vec![
+            message(Role::System, vec![text_part("Context summary.")]),
+            message(Role::User, vec![text_part("Hi")]),
+        ],
+        vec![weather_tool()],
+        ToolChoice::Mode(ToolChoiceMode::Required),
+    );
+    request.instructions = Some("Be brief.".to_owned());
+    request.temperature = Some(0.5);
+    request.top_p = Some(0.8);
+    request.stop = vec!["END".to_owned()];
+    request.parallel_tool_calls = Some(false);
+    for (key, value) in [
+        ("system", json!("other")),
+        ("messages", json!([])),
+        ("max_tokens", json!(1)),
+        ("top_k", json!(3)),
+    ] {
+        request.provider_options.insert(key.to_owned(), value);
+    }
+    let body = request_body(&request, 1024, None);
+    assert_eq!(body["system"], "Be brief.\n\nContext summary.");
+    assert_eq!(body["messages"][0]["content"][0]["text"], "Hi");
+    assert_eq!(
+        body["tool_choice"],
+        json!({"type": "any", "disable_parallel_tool_use": true})
+    );
+    assert_eq!(
+        (
+            &body["temperature"],
+            &body["top_p"],
+            &body["stop_sequences"],
+            &body["max_tokens"],
+            &body["top_k"],
+        ),
+        (
+            &json!(0.5),
+            &json!(0.8),
+            &json!(["END"]),
+            &json!(1024),
+            &json!(3)
+        )
+    );
+    assert!(body.get("seed").is_none());
+    // `none` takes no parallel option.
+    request.tool_choice = ToolChoice::Mode(ToolChoiceMode::None);
+    assert_eq!(
+        request_body(&request, 1024, None)["tool_choice"],
+        json!({"type": "none"})
+    );
 }

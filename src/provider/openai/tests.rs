@@ -682,6 +682,7 @@ fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice
         tools,
         tool_choice,
         max_output_tokens: None,
+        ..ModelRequest::default()
     }
 }
 
@@ -1327,4 +1328,77 @@ fn reasoning_sent_in_both_fields_is_taken_once() {
             finished(FinishReason::Stop),
         ]
     );
+}
+
+#[test]
+fn instructions_parameters_and_options_take_their_places() {
+    let mut request = request(
+        vec![message(Role::User, vec![text_part("Hi")])],
+        vec![ToolSpec {
+            name: "t".to_owned(),
+            description: String::new(),
+            parameters: json!({"type": "object"}),
+        }],
+        ToolChoice::default(),
+    );
+    request.instructions = Some("Be brief.".to_owned());
+    request.temperature = Some(0.5);
+    request.top_p = Some(0.8);
+    request.stop = vec!["END".to_owned()];
+    request.seed = Some(3);
+    request.parallel_tool_calls = Some(false);
+    request.max_output_tokens = Some(99);
+    // Owned keys in the options are ignored even if validation let them through.
+    for (key, value) in [
+        ("messages", json!([])),
+        ("stream", json!(false)),
+        ("tools", json!([])),
+        ("temperature", json!(2)),
+        ("user", json!("u")),
+    ] {
+        request.provider_options.insert(key.to_owned(), value);
+    }
+    let body = request_body(
+        &request,
+        &Options {
+            instructions_role: crate::config::InstructionsRole::Developer,
+            ..Options::default()
+        },
+    );
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+        ])
+    );
+    assert_eq!(
+        (
+            &body["temperature"],
+            &body["top_p"],
+            &body["stop"],
+            &body["seed"],
+            &body["parallel_tool_calls"],
+            &body["max_completion_tokens"],
+            &body["stream"],
+            &body["user"],
+        ),
+        (
+            &json!(0.5),
+            &json!(0.8),
+            &json!(["END"]),
+            &json!(3),
+            &json!(false),
+            &json!(99),
+            &json!(true),
+            &json!("u"),
+        )
+    );
+    assert_eq!(body["tools"][0]["function"]["name"], "t");
+    // Without tools, `parallel_tool_calls` is not sent (the API refuses it).
+    request.tools.clear();
+    assert!(body_of(&request).get("parallel_tool_calls").is_none());
+    // Empty instructions are none.
+    request.instructions = Some(String::new());
+    assert_eq!(body_of(&request)["messages"][0]["role"], "user");
 }

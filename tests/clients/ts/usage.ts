@@ -70,6 +70,10 @@ export function describe(event: AgentEvent): string {
       return `model retrying (#${event.sequence})`;
     case 'run_resumed':
       return `run resumed (#${event.sequence})`;
+    case 'tool_calls_required':
+      return `waiting for ${event.tool_calls
+        .map((call) => `${call.tool_name} (${call.kind}, ${call.call_id})`)
+        .join(', ')} until ${event.expires_at}`;
     default:
       return unreachable(event);
   }
@@ -102,6 +106,7 @@ function terminal(status: RunStatus): boolean {
     case 'building_context':
     case 'calling_model':
     case 'waiting_for_tools':
+    case 'requires_action':
     case 'persisting':
       return false;
     case 'completed':
