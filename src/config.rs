@@ -10,6 +10,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::{CompactionConfig, ModelWindow};
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -30,6 +32,9 @@ pub struct Config {
     /// Built-in tools to offer, by name (`builtin_tools = ["current_time"]`); see
     /// `tools::builtin`. Default none (the no-config demo adds `current_time`).
     pub builtin_tools: Vec<String>,
+    /// `[compaction]`: the initial compaction settings (the seed's defaults when absent). Once
+    /// changed through `/compaction`, the stored settings win over these.
+    pub compaction: CompactionConfig,
 }
 
 impl Default for Config {
@@ -42,6 +47,7 @@ impl Default for Config {
             mcp_servers: BTreeMap::new(),
             http_tools: BTreeMap::new(),
             builtin_tools: Vec::new(),
+            compaction: CompactionConfig::default(),
         }
     }
 }
@@ -646,8 +652,38 @@ impl Config {
                 provider.api_key = Some(Secret(SecretString::from(key)));
             }
         }
+        self.compaction
+            .check_values(&self.model_windows())
+            .map_err(|problem| {
+                ConfigError::Check(format!("compaction.{} {}", problem.field, problem.reason))
+            })?;
         Ok(self)
     }
+
+    /// Every configured model with its window, for checking compaction settings.
+    #[must_use]
+    pub fn model_windows(&self) -> Vec<ModelWindow<'_>> {
+        model_windows(&self.providers)
+    }
+}
+
+/// Every model of `providers` with its window, in tokens.
+#[must_use]
+pub fn model_windows(providers: &BTreeMap<String, ProviderConfig>) -> Vec<ModelWindow<'_>> {
+    providers
+        .iter()
+        .flat_map(|(id, provider)| {
+            provider
+                .models
+                .iter()
+                .map(move |(name, model)| ModelWindow {
+                    provider: id,
+                    model: name,
+                    context_window: u64::from(model.context_window),
+                    max_output_tokens: u64::from(model.max_output_tokens),
+                })
+        })
+        .collect()
 }
 
 /// The wire-specific provider options: each only for its `kind`, and a thinking budget of at

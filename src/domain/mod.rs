@@ -1,16 +1,22 @@
-//! Domain types of the contract: ids, runs, sessions, messages, usage and tool calls.
+//! Domain types of the contract: ids, runs, sessions, messages, usage, tool calls and
+//! compaction.
 //!
 //! They come from the seeds (`agent.v1` proto and its `common.proto` as DESIGN.md restates it)
 //! and depend on nothing but serde, chrono, uuid and utoipa.
 
+mod compaction;
 mod error_class;
 mod ids;
 mod message;
 mod run;
 mod snapshot;
 
+pub use compaction::{
+    CircuitBreaker, Compaction, CompactionConfig, CompactionTrigger, MAX_BREAKER_THRESHOLD,
+    MAX_TAIL_TURNS, ModelWindow, SettingsProblem,
+};
 pub use error_class::ErrorClass;
-pub use ids::{MessageId, RunId, SessionId};
+pub use ids::{CompactionId, MessageId, RunId, SessionId};
 pub use message::{ContentPart, Message, Reasoning, Role, ToolCall};
 pub use run::{
     CreateRunRequest, CreateRunResponse, DEFAULT_MAX_ITERATIONS_CAP, FinishReason,

@@ -1,6 +1,8 @@
 //! The runtime: admits runs, executes each in a task it owns, cancels them, recovers runs left
-//! non-terminal by a previous process, and serves watches of the event log.
+//! non-terminal by a previous process, keeps their context inside the model's window
+//! (compaction), and serves watches of the event log.
 
+pub mod compaction;
 mod doom_loop;
 mod event_log;
 mod model_turn;
@@ -22,7 +24,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{ModelConfig, ProviderConfig, RuntimeConfig};
 use crate::domain::{
-    CreateRunRequest, MessageId, RequestProblem, RunId, RunRecord, RunStatus, SessionId,
+    CompactionConfig, CreateRunRequest, MessageId, RequestProblem, RunId, RunRecord, RunStatus,
+    SessionId,
 };
 use crate::domain::{ToolChoice, ToolChoiceMode};
 use crate::events::{EventFeed, EventPayload, LoggedEvent};
@@ -30,6 +33,7 @@ use crate::provider::Provider;
 use crate::store::{NewRun, Store, StoreError};
 use crate::tools::ToolRegistry;
 
+pub use compaction::{CompactError, SettingsError};
 pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
 
@@ -143,6 +147,8 @@ pub struct Runtime {
     providers: HashMap<String, ProviderEntry>,
     tools: Arc<ToolRegistry>,
     config: RuntimeConfig,
+    /// The compaction settings (initial and stored).
+    compaction: compaction::Settings,
     active: Mutex<HashMap<RunId, ActiveRun>>,
     tasks: TaskTracker,
     /// This process's id as a lease owner (UUID v7, new at each start).
@@ -154,14 +160,16 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// A runtime over a store and providers; starts the event log writer (and loads the
-    /// tokenizer in the background). Must be called within a Tokio runtime.
+    /// A runtime over a store and providers, with the config file's compaction settings as the
+    /// initial ones; starts the event log writer (and loads the tokenizer in the background).
+    /// Must be called within a Tokio runtime.
     #[must_use]
     pub fn new(
         store: Arc<dyn Store>,
         providers: HashMap<String, ProviderEntry>,
         tools: Arc<ToolRegistry>,
         config: RuntimeConfig,
+        compaction: CompactionConfig,
     ) -> Arc<Self> {
         let owner: Arc<str> = Arc::from(uuid::Uuid::now_v7().to_string());
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
@@ -176,6 +184,7 @@ impl Runtime {
             providers,
             tools,
             config,
+            compaction: compaction::Settings::new(compaction),
             active: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             owner,
