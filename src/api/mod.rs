@@ -1,6 +1,7 @@
 //! The HTTP surface: routes, handlers, SSE, errors and the OpenAPI document. Every public
 //! route goes through utoipa-axum's `OpenApiRouter`, so the spec cannot forget one.
 
+mod compaction;
 mod error;
 mod extract;
 mod page;
@@ -72,6 +73,8 @@ impl std::ops::Deref for AppState {
     tags(
         (name = "runs", description = "RunService: create, list, read, cancel and watch runs."),
         (name = "sessions", description = "Sessions and their message history."),
+        (name = "compaction", description = "CompactionService: how sessions are kept inside the model's \
+                                             context window, and the circuit breaker that stops a failing summariser."),
         (name = "snapshots", description = "SnapshotService: each run's state at its last iteration \
                                             boundary, kept after it ends until retention removes it."),
         (name = "tools", description = "The tools runs may call."),
@@ -92,6 +95,14 @@ fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(sessions::list_sessions))
         .routes(routes!(sessions::get_session, sessions::delete_session))
         .routes(routes!(sessions::list_session_messages))
+        .routes(routes!(sessions::compact_session))
+        .routes(routes!(
+            compaction::get_compaction_config,
+            compaction::replace_compaction_config,
+            compaction::update_compaction_config
+        ))
+        .routes(routes!(compaction::get_circuit_breaker))
+        .routes(routes!(compaction::reset_circuit_breaker))
         .routes(routes!(snapshots::list_snapshots))
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(tools::list_tools))

@@ -18,7 +18,7 @@ use super::{CompactionId, MessageId, RunId, SessionId, TokenUsage};
 /// request becomes: system content, the summary, then the newest turns (at most `tail_turns`,
 /// within `keep_tokens`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct CompactionConfig {
     /// Compact before a model call whose request would pass the threshold; default true. Off,
     /// compaction still happens when the provider rejects a request as too long, and on
@@ -66,6 +66,20 @@ impl Default for CompactionConfig {
             circuit_breaker_threshold: 3,
         }
     }
+}
+
+impl CompactionConfig {
+    /// The fields, in order (the body of `PUT /compaction` has every one).
+    pub const FIELDS: [&'static str; 8] = [
+        "auto",
+        "prune",
+        "buffer_tokens",
+        "keep_tokens",
+        "tail_turns",
+        "model",
+        "provider",
+        "circuit_breaker_threshold",
+    ];
 }
 
 /// Most `tail_turns`.

@@ -84,3 +84,29 @@ pub fn text_stream(deltas: &[&str]) -> Vec<u8> {
 pub fn error_body(kind: &str, message: &str) -> Value {
     json!({"type": "error", "error": {"type": kind, "message": message}})
 }
+
+/// Like [`text_stream`], with `input_tokens` in `message_start` (e.g. the fake's count of the
+/// request, `fake_openai::prompt_tokens`).
+pub fn text_stream_with_usage(deltas: &[&str], input_tokens: u64) -> Vec<u8> {
+    let plain = String::from_utf8(text_stream(deltas)).unwrap_or_default();
+    plain
+        .replacen(&message_start(10), &message_start(input_tokens), 1)
+        .into_bytes()
+}
+
+/// A complete answer calling one tool: `message_start` (`input_tokens`), a `tool_use` block
+/// whose input JSON arrives in two `input_json_delta`s, `tool_use` stop.
+pub fn tool_use_stream(id: &str, name: &str, input: &Value, input_tokens: u64) -> Vec<u8> {
+    let text = input.to_string();
+    let (head, tail) = text.split_at(text.len() / 2);
+    let mut body = message_start(input_tokens);
+    body.push_str(&event(&json!({"type": "content_block_start", "index": 0,
+        "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
+    for piece in [head, tail] {
+        body.push_str(&event(&json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": piece}})));
+    }
+    body.push_str(&event(&json!({"type": "content_block_stop", "index": 0})));
+    body.push_str(&message_end("tool_use", 12));
+    body.into_bytes()
+}

@@ -126,24 +126,39 @@ impl Runtime {
         Ok(config)
     }
 
-    /// Changes the compaction settings: `change` turns the current ones into the new ones, which
-    /// are checked against the configured providers and models, stored, and in force from the
-    /// next model call of any run. Changes are applied one at a time.
+    /// The config file's `[compaction]` settings (what a JSON merge patch's `null` restores).
+    #[must_use]
+    pub fn initial_compaction_config(&self) -> &CompactionConfig {
+        &self.compaction.initial
+    }
+
+    /// Changes the compaction settings: `change` turns the current ones into the new ones (or
+    /// refuses), which are checked against the configured providers and models, stored, and in
+    /// force from the next model call of any run. Changes are applied one at a time; a refused
+    /// or invalid change stores nothing.
     ///
     /// # Errors
-    /// [`SettingsError::Invalid`] naming the field (nothing stored), or the store's.
-    pub async fn update_compaction_config(
+    /// `change`'s error, or [`SettingsError::Invalid`] naming the field, or the store's.
+    pub async fn update_compaction_config<E: From<SettingsError>>(
         &self,
-        change: impl FnOnce(CompactionConfig) -> Result<CompactionConfig, SettingsProblem>,
-    ) -> Result<CompactionConfig, SettingsError> {
+        change: impl FnOnce(CompactionConfig) -> Result<CompactionConfig, E>,
+    ) -> Result<CompactionConfig, E> {
         let _one_at_a_time = self.compaction.writes.lock().await;
-        let current = self.reload_compaction_config().await?;
+        let current = self
+            .reload_compaction_config()
+            .await
+            .map_err(|e| E::from(SettingsError::Store(e)))?;
         let next = change(current)?;
         let windows = self.model_windows();
-        next.check_values(&windows)?;
-        next.check_fit(&windows)?;
-        self.store.put_compaction_config(&next).await?;
+        next.check_values(&windows)
+            .and_then(|()| next.check_fit(&windows))
+            .map_err(|problem| E::from(SettingsError::Invalid(problem)))?;
+        self.store
+            .put_compaction_config(&next)
+            .await
+            .map_err(|e| E::from(SettingsError::Store(e)))?;
         *self.compaction.current.write().await = Some((next.clone(), Instant::now()));
+        tracing::info!(settings = ?next, "compaction settings changed");
         Ok(next)
     }
 
