@@ -133,7 +133,9 @@ fn merged(
                 return Err(ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "missing_field",
-                    format!("`{field}` is required: PUT replaces every setting (PATCH changes some)"),
+                    format!(
+                        "`{field}` is required: PUT replaces every setting (PATCH changes some)"
+                    ),
                 )
                 .field(field));
             }
@@ -165,7 +167,11 @@ impl From<SettingsError> for ApiError {
     }
 }
 
-async fn update(state: &AppState, body: Value, replace: bool) -> Result<CompactionConfig, ApiError> {
+async fn update(
+    state: &AppState,
+    body: Value,
+    replace: bool,
+) -> Result<CompactionConfig, ApiError> {
     let Value::Object(body) = body else {
         return Err(ApiError::body_mismatch("invalid type: not an object"));
     };

@@ -815,9 +815,8 @@ fn prompt_too_long_is_context_length_exceeded() {
             "{}/tests/fixtures/context_length/{file}",
             env!("CARGO_MANIFEST_DIR")
         );
-        let body: Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
-                .unwrap_or(Value::Null);
+        let body: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
+            .unwrap_or(Value::Null);
         assert_eq!(
             class_of(400, &body),
             ErrorClass::ContextLengthExceeded,

@@ -121,6 +121,17 @@ impl Summariser<'_> {
                     &mut usage,
                 )
                 .await?;
+            // The summary so far goes into the next part's request: it must leave room there.
+            let tokens = counter.text(&text);
+            if parts.peek().is_some() && tokens > available / 2 {
+                return Err(SummaryError {
+                    message: format!(
+                        "the summary grew to {tokens} tokens, more than half of what the \
+                         compaction model's window leaves for the transcript ({available})"
+                    ),
+                    usage,
+                });
+            }
             summary = Some(text);
             part.clear();
             part_tokens = 0;
