@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use support::db::{Backend, TestDb};
 use support::fake_anthropic;
 use support::fake_openai::{self, FakeOpenAi, RecordedRequest, Reply};
+use support::schema::EventSchema;
 use support::server::{Frame, TestServer};
 use support::validate::{validate_anthropic_request, validate_openai_request};
 
@@ -328,6 +329,12 @@ async fn run(
         frames.last().is_some_and(|f| f.event.starts_with("run_")),
         "{frames:?}"
     );
+    // Every event (`context_compacted` and `compaction_circuit_opened` among them) matches
+    // the document's schema.
+    static SCHEMA: std::sync::LazyLock<EventSchema> = std::sync::LazyLock::new(EventSchema::new);
+    for frame in &frames {
+        SCHEMA.check(&frame.json());
+    }
     let record = server.get_json(&format!("/runs/{run_id}")).await;
     (run_id, frames, record)
 }

@@ -11,8 +11,8 @@ const EVENT_TYPES = [
   'reasoning_delta', 'tool_call_started', 'tool_call_delta', 'tool_call_completed',
   'tool_execution_started', 'tool_execution_finished', 'assistant_message_committed',
   'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
-  'run_cancelled', 'doom_loop_detected', 'compaction_started', 'compaction_completed',
-  'compaction_failed', 'compaction_circuit_opened', 'run_resumed',
+  'run_cancelled', 'doom_loop_detected', 'context_compacted', 'compaction_circuit_opened',
+  'run_resumed',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -191,6 +191,16 @@ function toolCard(parent, name) {
   return { card, args, result };
 }
 
+/** A compaction in a transcript: what it summarised, the token counts, the summary. */
+function compactionNote(parent, compaction) {
+  const node = note(parent, 'muted compaction', 'Context compacted (' + compaction.trigger + '): '
+    + compaction.messages_summarised + ' messages summarised, ' + compaction.tokens_before
+    + ' → ' + compaction.tokens_after + ' tokens');
+  const summary = el('pre', 'summary', compaction.summary);
+  node.append(summary);
+  return node;
+}
+
 async function openSession(sessionId) {
   closeView();
   setState('loading…', 'loading');
@@ -200,6 +210,11 @@ async function openSession(sessionId) {
   try {
     const messages = await api('/sessions/' + sessionId + '/messages');
     const cards = new Map();
+    // Where each compaction happened: after the last message its summary covers.
+    const compactedAt = new Map();
+    for (const compaction of messages.compactions || []) {
+      compactedAt.set(compaction.through_message_id, compaction);
+    }
     for (const message of messages.messages || []) {
       const text = (message.content || []).map((part) =>
         part.type === 'text' ? part.text : part.type === 'json' ? json(part.value) : '').join('');
@@ -215,6 +230,8 @@ async function openSession(sessionId) {
         const card = cards.get(message.tool_call_id) || toolCard(transcript, message.tool_name || 'tool');
         card.result.textContent = '→ ' + text;
       }
+      const compaction = compactedAt.get(message.id);
+      if (compaction) compactionNote(transcript, compaction);
     }
     setState('session …' + short(sessionId), 'idle');
   } catch (error) {
@@ -340,11 +357,13 @@ function apply(current, transcript, event) {
     case 'doom_loop_detected':
       note(transcript, 'doom', 'Doom loop detected: ' + event.description);
       break;
-    case 'compaction_started':
-    case 'compaction_completed':
-    case 'compaction_failed':
+    case 'context_compacted':
+      current.bubble = null;
+      compactionNote(transcript, event);
+      break;
     case 'compaction_circuit_opened':
-      note(transcript, 'muted', event.type.replace(/_/g, ' '));
+      note(transcript, 'error', 'Compaction circuit breaker opened after '
+        + event.consecutive_failures + ' failed compactions: no compaction is attempted until it is reset.');
       break;
     case 'run_resumed':
       // The server restarted. The model call that began at `abandoned_after` was cut off and is

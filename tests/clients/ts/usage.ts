@@ -5,6 +5,8 @@
 import { createClient } from './generated/client';
 import {
   createRun,
+  getCircuitBreaker,
+  getCompactionConfig,
   getRun,
   getRunOutput,
   listSessionMessages,
@@ -70,6 +72,8 @@ export function describe(event: AgentEvent): string {
       return `model retrying (#${event.sequence})`;
     case 'run_resumed':
       return `run resumed (#${event.sequence})`;
+    case 'context_compacted':
+      return `context compacted (${event.trigger}): ${event.messages_summarised} messages, ${event.tokens_before} → ${event.tokens_after} tokens`;
     default:
       return unreachable(event);
   }
@@ -146,6 +150,12 @@ export async function demo(baseUrl: string): Promise<void> {
       path: { session_id: session.id },
       throwOnError: true,
     });
-    console.log(session.id, messages.data.messages.length);
+    console.log(session.id, messages.data.messages.length, messages.data.compactions.length);
   }
+  const compaction = await getCompactionConfig({ client, throwOnError: true });
+  const breaker = await getCircuitBreaker({ client, throwOnError: true });
+  console.log(
+    `compaction: auto ${compaction.data.auto}, keep ${compaction.data.keep_tokens} tokens; ` +
+      `breaker ${breaker.data.is_open ? 'open' : 'closed'} (${breaker.data.consecutive_failures}/${breaker.data.threshold})`,
+  );
 }
