@@ -6,6 +6,7 @@
 //! new messages.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use tiktoken_rs::CoreBPE;
@@ -77,6 +78,30 @@ impl Tokenizer {
         }
     }
 
+    /// Loads the tokenizer's tables (about 2 s in a debug build, a fraction of that in a
+    /// release build); blocks. Until it has run, [`Tokenizer::is_ready`] is false.
+    pub fn warm_up(self) {
+        let _ = self.bpe().count_ordinary("warm up");
+        READY[self.slot()].store(true, Ordering::Release);
+    }
+
+    /// Whether the tables are loaded (counting will not block on loading them).
+    #[must_use]
+    pub fn is_ready(self) -> bool {
+        READY[self.slot()].load(Ordering::Acquire)
+    }
+
+    /// The slot of the tables the tokenizer uses.
+    fn slot(self) -> usize {
+        match self {
+            Self::O200k | Self::Estimate => 0,
+            Self::O200kHarmony => 1,
+            Self::Cl100k => 2,
+            Self::P50k => 3,
+            Self::R50k => 4,
+        }
+    }
+
     fn bpe(self) -> &'static CoreBPE {
         match self {
             Self::O200k | Self::Estimate => tiktoken_rs::o200k_base_singleton(),
@@ -96,6 +121,13 @@ impl Tokenizer {
         u64::try_from(self.bpe().count_ordinary(text)).unwrap_or(u64::MAX)
     }
 }
+
+/// Whether each family's tables are loaded (see [`Tokenizer::slot`]).
+static READY: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
+
+/// Bytes per token assumed while a tokenizer's tables are still loading: fewer than any BPE
+/// averages on English or code (about 4), so the rough count errs high.
+const ROUGH_BYTES_PER_TOKEN: u64 = 3;
 
 /// The tokens of a text (`o200k_base`, special tokens counted as ordinary text).
 #[must_use]
@@ -214,6 +246,39 @@ impl TokenCounter {
             .sum();
         self.tools = Some((names, count));
         count
+    }
+
+    /// A rough count of a message without the tokenizer (its bytes over
+    /// `ROUGH_BYTES_PER_TOKEN`), for a request measured while the tables still load; not cached.
+    #[must_use]
+    pub fn rough_message(message: &Message) -> u64 {
+        let bytes: usize = message
+            .content
+            .iter()
+            .map(|part| match part {
+                ContentPart::Text { text } => text.len(),
+                ContentPart::Json { value } => value.to_string().len(),
+                ContentPart::Image { .. } => 0,
+            })
+            .sum::<usize>()
+            + message
+                .reasoning
+                .iter()
+                .map(|r| r.text.len())
+                .sum::<usize>()
+            + message
+                .tool_calls
+                .iter()
+                .map(|c| c.name.len() + c.arguments.to_string().len())
+                .sum::<usize>();
+        let images = message
+            .content
+            .iter()
+            .filter(|part| matches!(part, ContentPart::Image { .. }))
+            .count() as u64;
+        PER_MESSAGE_OVERHEAD
+            + (bytes as u64).div_ceil(ROUGH_BYTES_PER_TOKEN)
+            + images * IMAGE_TOKENS
     }
 
     /// The prompt tokens of a request: every message, the tools' JSON and the reply priming.

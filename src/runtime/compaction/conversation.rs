@@ -178,6 +178,21 @@ pub(super) fn raw_tokens(
     pruned: &HashMap<MessageId, Pruned>,
     tools: &[ToolSpec],
 ) -> u64 {
+    if !counter.tokenizer().is_ready() {
+        // The tables are still loading (just after startup): a model call does not wait for
+        // them; a rough count that errs high stands in.
+        let tools_bytes: usize = tools
+            .iter()
+            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+            .sum();
+        return (tools_bytes as u64).div_ceil(3)
+            + REPLY_PRIMING
+            + summary
+                .into_iter()
+                .chain(messages)
+                .map(TokenCounter::rough_message)
+                .sum::<u64>();
+    }
     let mut total = counter.tools(tools) + REPLY_PRIMING;
     if let Some(summary) = summary {
         total += counter.message(summary);
