@@ -838,6 +838,47 @@ mod tests {
     }
 
     #[test]
+    fn compaction_section_gives_the_initial_settings() -> Result<(), ConfigError> {
+        let provider = "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.models.m]\ncontext_window = 10000\nmax_output_tokens = 2000\n";
+        assert_eq!(
+            Config::from_toml("")?.compaction,
+            CompactionConfig::default()
+        );
+        let config = Config::from_toml(&format!(
+            "[compaction]\nkeep_tokens = 3000\nprune = true\nprovider = \"x\"\nmodel = \"m\"\n{provider}"
+        ))?;
+        assert_eq!(
+            config.compaction,
+            CompactionConfig {
+                keep_tokens: 3000,
+                prune: true,
+                provider: "x".to_owned(),
+                model: "m".to_owned(),
+                ..CompactionConfig::default()
+            }
+        );
+        for (section, named) in [
+            (
+                "circuit_breaker_threshold = 0",
+                "compaction.circuit_breaker_threshold",
+            ),
+            ("provider = \"nope\"\nmodel = \"m\"", "compaction.provider"),
+            ("provider = \"x\"\nmodel = \"other\"", "compaction.model"),
+            ("model = \"m\"", "compaction.provider"),
+            ("tail_turns = 5000", "compaction.tail_turns"),
+            ("keep_tokenz = 1", "keep_tokenz"),
+            ("keep_tokens = -1", "keep_tokens"),
+        ] {
+            let error = Config::from_toml(&format!("[compaction]\n{section}\n{provider}"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(named), "{section}: {error}");
+        }
+        Ok(())
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let error = Config::from_toml("[runtime]\nmax_iteration = 3\n")
             .err()
