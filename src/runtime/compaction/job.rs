@@ -131,7 +131,6 @@ impl Job<'_> {
     }
 
     /// The summariser: the configured compaction model, else the run's.
-    #[expect(clippy::type_complexity, reason = "a private helper's tuple")]
     fn summariser(&self) -> Result<(Arc<dyn Provider>, String, String, ModelConfig), String> {
         let (provider, model) = if self.settings.provider.is_empty() {
             (self.provider, self.model)
