@@ -171,7 +171,7 @@ impl CompactionConfig {
                     return Err(SettingsProblem {
                         field: "provider",
                         code: "unknown_provider",
-                        reason: format!("no provider `{}` is configured", self.provider),
+                        reason: format!("names no configured provider (`{}`)", self.provider),
                     });
                 }
                 if !models
@@ -182,7 +182,7 @@ impl CompactionConfig {
                         field: "model",
                         code: "unknown_model",
                         reason: format!(
-                            "provider `{}` has no model `{}` configured",
+                            "names no model of provider `{}` (`{}`)",
                             self.provider, self.model
                         ),
                     });
