@@ -4,7 +4,6 @@
 
 use super::conversation::Conversation;
 use super::job::{Attempt, Job};
-use super::{prune, select};
 use crate::config::ModelConfig;
 use crate::domain::{CompactionConfig, CompactionTrigger, RunId, RunStatus, SessionId, TokenUsage};
 use crate::events::{CompactionCircuitOpened, ContextCompacted, EventPayload};
@@ -60,13 +59,21 @@ pub(in crate::runtime) enum Stop {
 
 /// A model call of a run, as the checks around it see it.
 pub(in crate::runtime) struct Call<'a> {
+    /// The runtime (store, providers, settings).
     pub runtime: &'a Runtime,
+    /// The run's session.
     pub session_id: SessionId,
+    /// The run.
     pub run_id: RunId,
+    /// The run's provider id.
     pub provider: &'a str,
+    /// The run's model.
     pub model: &'a str,
+    /// The model's limits for this call.
     pub window: Window,
+    /// Where the run's events go.
     pub emitter: &'a RunEmitter,
+    /// The tools the request offers.
     pub tools: &'a [ToolSpec],
     /// Model calls the run has made so far (its `iterations`).
     pub iterations: u32,
@@ -116,20 +123,7 @@ impl Call<'_> {
             return Ok(());
         }
         if settings.prune {
-            let sizes = conversation.sizes();
-            let split = select::split(
-                &conversation.messages,
-                &sizes,
-                settings.keep_tokens,
-                settings.tail_turns,
-            );
-            let pruned = prune::prune(
-                &conversation.messages,
-                &sizes,
-                &split,
-                &mut conversation.pruned,
-                &conversation.counter,
-            );
+            let pruned = conversation.prune(&settings);
             if pruned > 0 {
                 size = conversation.measure(self.tools);
                 tracing::info!(run_id = %self.run_id, pruned, tokens = size.estimated, "pruned old tool outputs");

@@ -5,8 +5,11 @@
 use std::collections::HashMap;
 
 use super::job::Candidate;
-use super::prune::Pruned;
-use crate::domain::{Compaction, ContentPart, Message, MessageId, Role, RunId, TokenUsage};
+use super::prune::{self, Pruned};
+use super::select;
+use crate::domain::{
+    Compaction, CompactionConfig, ContentPart, Message, MessageId, Role, RunId, TokenUsage,
+};
 use crate::provider::ToolSpec;
 use crate::runtime::tokens::{REPLY_PRIMING, Reply, TokenCounter};
 use crate::store::{Calibration, SessionContext};
@@ -151,6 +154,25 @@ impl Conversation {
     /// reported none).
     pub fn usage(&self, reply: &Reply<'_>) -> TokenUsage {
         self.counter.usage(self.last_raw, reply)
+    }
+
+    /// Prunes the outputs of old tool calls (outside the turns a compaction with `settings`
+    /// would keep) in requests; returns how many were newly pruned.
+    pub(super) fn prune(&mut self, settings: &CompactionConfig) -> usize {
+        let sizes = self.sizes();
+        let split = select::split(
+            &self.messages,
+            &sizes,
+            settings.keep_tokens,
+            settings.tail_turns,
+        );
+        prune::prune(
+            &self.messages,
+            &sizes,
+            &split,
+            &mut self.pruned,
+            &self.counter,
+        )
     }
 
     /// The sizes of the messages, for selection and pruning.
