@@ -10,6 +10,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::{CompactionConfig, ModelWindow};
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -32,6 +34,9 @@ pub struct Config {
     pub builtin_tools: Vec<String>,
     /// Agent presets by name (`[agents.<name>]`): what `POST /runs {"agent": "<name>"}` runs.
     pub agents: BTreeMap<String, AgentPreset>,
+    /// `[compaction]`: the initial compaction settings (the seed's defaults when absent). Once
+    /// changed through `/compaction`, the stored settings win over these.
+    pub compaction: CompactionConfig,
 }
 
 impl Default for Config {
@@ -45,6 +50,7 @@ impl Default for Config {
             http_tools: BTreeMap::new(),
             builtin_tools: Vec::new(),
             agents: BTreeMap::new(),
+            compaction: CompactionConfig::default(),
         }
     }
 }
@@ -769,8 +775,38 @@ impl Config {
                 provider.api_key = Some(Secret(SecretString::from(key)));
             }
         }
+        self.compaction
+            .check_values(&self.model_windows())
+            .map_err(|problem| {
+                ConfigError::Check(format!("compaction.{} {}", problem.field, problem.reason))
+            })?;
         Ok(self)
     }
+
+    /// Every configured model with its window, for checking compaction settings.
+    #[must_use]
+    pub fn model_windows(&self) -> Vec<ModelWindow<'_>> {
+        model_windows(&self.providers)
+    }
+}
+
+/// Every model of `providers` with its window, in tokens.
+#[must_use]
+pub fn model_windows(providers: &BTreeMap<String, ProviderConfig>) -> Vec<ModelWindow<'_>> {
+    providers
+        .iter()
+        .flat_map(|(id, provider)| {
+            provider
+                .models
+                .iter()
+                .map(move |(name, model)| ModelWindow {
+                    provider: id,
+                    model: name,
+                    context_window: u64::from(model.context_window),
+                    max_output_tokens: u64::from(model.max_output_tokens),
+                })
+        })
+        .collect()
 }
 
 /// The wire-specific provider options: each only for its `kind`, and a thinking budget of at
@@ -925,6 +961,47 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(error.contains(named), "{toml}: {error}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn compaction_section_gives_the_initial_settings() -> Result<(), ConfigError> {
+        let provider = "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\n[providers.x.models.m]\ncontext_window = 10000\nmax_output_tokens = 2000\n";
+        assert_eq!(
+            Config::from_toml("")?.compaction,
+            CompactionConfig::default()
+        );
+        let config = Config::from_toml(&format!(
+            "[compaction]\nkeep_tokens = 3000\nprune = true\nprovider = \"x\"\nmodel = \"m\"\n{provider}"
+        ))?;
+        assert_eq!(
+            config.compaction,
+            CompactionConfig {
+                keep_tokens: 3000,
+                prune: true,
+                provider: "x".to_owned(),
+                model: "m".to_owned(),
+                ..CompactionConfig::default()
+            }
+        );
+        for (section, named) in [
+            (
+                "circuit_breaker_threshold = 0",
+                "compaction.circuit_breaker_threshold",
+            ),
+            ("provider = \"nope\"\nmodel = \"m\"", "compaction.provider"),
+            ("provider = \"x\"\nmodel = \"other\"", "compaction.model"),
+            ("model = \"m\"", "compaction.provider"),
+            ("tail_turns = 5000", "compaction.tail_turns"),
+            ("keep_tokenz = 1", "keep_tokenz"),
+            ("keep_tokens = -1", "keep_tokens"),
+        ] {
+            let error = Config::from_toml(&format!("[compaction]\n{section}\n{provider}"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(named), "{section}: {error}");
         }
         Ok(())
     }

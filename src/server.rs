@@ -63,6 +63,7 @@ pub fn runtime(
         providers,
         tools,
         config.runtime.clone(),
+        config.compaction.clone(),
         config.agents.clone(),
     );
     runtime.check_agents().map_err(ServeError::Agents)?;
@@ -115,6 +116,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     }
     let tools = Arc::new(registry);
     let runtime = runtime(&config, store, tools.clone())?;
+    runtime.warn_unfit_models().await;
     runtime.recover().await?;
     let listener = TcpListener::bind(&config.bind).await.map_err(|error| {
         std::io::Error::new(

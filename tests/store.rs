@@ -875,7 +875,195 @@ async fn sessions_pages_and_defaults(backend: Backend) {
     db.cleanup().await;
 }
 
+/// A message of `run` in its session.
+fn message_of(run: &NewRun, role: Role, text: &str) -> Message {
+    Message {
+        id: MessageId::new(),
+        session_id: run.session_id,
+        run_id: run.id,
+        role,
+        content: vec![ContentPart::Text {
+            text: text.to_owned(),
+        }],
+        reasoning: Vec::new(),
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+        tool_name: None,
+        status: Default::default(),
+        created_at: Utc::now(),
+    }
+}
+
+/// Compactions: stored with their event, listed in message order; a run's context starts from
+/// the latest one (system messages, the latest user input it covers, then what follows); the
+/// session's calibration; the settings; the breaker counted atomically by concurrent failures,
+/// opened once, closed by a success or a reset.
+async fn compactions_context_settings_and_breaker(backend: Backend) {
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let run = new_run(SessionId::new(), true);
+    store.create_run(&run).await.unwrap();
+    let system = message_of(&run, Role::System, "Be brief.");
+    let answer = message_of(&run, Role::Assistant, "Hello.");
+    let later = message_of(&run, Role::Assistant, "Still there.");
+    for (sequence, message) in [(1, &system), (2, &answer)] {
+        let change = RunChange {
+            message: Some(message.clone()),
+            ..RunChange::default()
+        };
+        apply(store.as_ref(), run.id, sequence, change).await;
+    }
+    let context = store.session_context(run.session_id).await.unwrap();
+    assert_eq!(context.compaction, None);
+    assert_eq!(context.messages.len(), 3, "everything without a compaction");
+    assert_eq!(context.calibration, None);
+    // A compaction through the answer: it covers the user input, which stays in the context.
+    let compaction = behest::domain::Compaction {
+        id: behest::domain::CompactionId::new(),
+        session_id: run.session_id,
+        run_id: Some(run.id),
+        trigger: behest::domain::CompactionTrigger::Auto,
+        through_message_id: answer.id,
+        messages_summarised: 1,
+        tokens_before: 900,
+        tokens_after: 300,
+        summary: "They said hello. ✓".to_owned(),
+        provider: "fake".to_owned(),
+        model: "fake-model".to_owned(),
+        usage: TokenUsage {
+            input_tokens: 800,
+            output_tokens: 20,
+            total_tokens: 820,
+            reasoning_tokens: 0,
+            estimated: false,
+        },
+        created_at: Utc::now(),
+    };
+    let threshold = 3;
+    let failure = store
+        .record_compaction_failure("boom", threshold)
+        .await
+        .unwrap();
+    assert!(!failure.opened);
+    let calibration = behest::store::Calibration {
+        reported_tokens: 1_200,
+        counted_tokens: 1_000,
+    };
+    let change = RunChange {
+        compaction: Some(compaction.clone()),
+        calibration: Some((run.session_id, calibration)),
+        ..RunChange::default()
+    };
+    apply(store.as_ref(), run.id, 3, change).await;
+    let breaker = store.circuit_breaker(threshold).await.unwrap();
+    assert_eq!(
+        (breaker.consecutive_failures, breaker.last_error),
+        (0, None),
+        "a success closes the breaker"
+    );
+    let change = RunChange {
+        message: Some(later.clone()),
+        ..RunChange::default()
+    };
+    apply(store.as_ref(), run.id, 4, change).await;
+    let context = store.session_context(run.session_id).await.unwrap();
+    let stored = context.compaction.clone().unwrap();
+    assert_eq!(stored.id, compaction.id);
+    assert_eq!(stored.summary, compaction.summary);
+    assert_eq!(stored.usage, compaction.usage);
+    let ids: Vec<MessageId> = context.messages.iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![system.id, run.user_message_id, later.id]);
+    assert_eq!(context.calibration, Some(calibration));
+    assert_eq!(
+        store.session_compactions(run.session_id).await.unwrap(),
+        vec![stored]
+    );
+    // A compaction outside a run is refused while one is active.
+    let manual = behest::domain::Compaction {
+        id: behest::domain::CompactionId::new(),
+        run_id: None,
+        trigger: behest::domain::CompactionTrigger::Manual,
+        through_message_id: later.id,
+        ..compaction.clone()
+    };
+    assert!(matches!(
+        store.insert_compaction(&manual).await,
+        Err(StoreError::SessionBusy { .. })
+    ));
+    let terminal = EventWrite {
+        run_id: run.id,
+        event: event(5, "run_completed", true),
+        outcome: Some(RunOutcome {
+            status: RunStatus::Completed,
+            finish_reason: Some(FinishReason::Stop),
+            error: None,
+        }),
+        change: RunChange::default(),
+    };
+    store.append_events(&[terminal]).await.unwrap();
+    store.insert_compaction(&manual).await.unwrap();
+    let context = store.session_context(run.session_id).await.unwrap();
+    assert_eq!(
+        context.compaction.unwrap().id,
+        manual.id,
+        "the latest covers the most"
+    );
+    let ids: Vec<MessageId> = context.messages.iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![system.id, run.user_message_id]);
+    assert_eq!(
+        store
+            .session_compactions(run.session_id)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    // Settings.
+    assert_eq!(store.compaction_config().await.unwrap(), None);
+    let settings = behest::domain::CompactionConfig {
+        prune: true,
+        keep_tokens: 1_234,
+        provider: "fake".to_owned(),
+        model: "fake-model".to_owned(),
+        ..behest::domain::CompactionConfig::default()
+    };
+    store.put_compaction_config(&settings).await.unwrap();
+    store.put_compaction_config(&settings).await.unwrap();
+    assert_eq!(store.compaction_config().await.unwrap(), Some(settings));
+    // Ten concurrent failures: each counted, the breaker opened by exactly one of them.
+    let failures = futures::future::join_all((0..10).map(|n| {
+        let store = store.clone();
+        async move {
+            store
+                .record_compaction_failure(&format!("failure {n}"), threshold)
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    assert_eq!(failures.iter().filter(|f| f.opened).count(), 1);
+    let breaker = store.circuit_breaker(threshold).await.unwrap();
+    assert!(breaker.is_open);
+    assert_eq!(breaker.consecutive_failures, 10);
+    assert!(breaker.opened_at.is_some());
+    assert!(breaker.last_error.unwrap().starts_with("failure "));
+    let reset = store.reset_circuit_breaker(threshold).await.unwrap();
+    assert_eq!(
+        reset,
+        behest::domain::CircuitBreaker {
+            is_open: false,
+            consecutive_failures: 0,
+            threshold,
+            opened_at: None,
+            last_error: None,
+        }
+    );
+    db.cleanup().await;
+}
+
 on_both_backends!(
+    compactions_context_settings_and_breaker,
     answers_to_a_paused_run,
     sessions_pages_and_defaults,
     one_active_run_per_session_and_idempotency_keys,

@@ -3,6 +3,7 @@
 
 mod actions;
 mod agents;
+mod compaction;
 mod error;
 mod extract;
 mod page;
@@ -74,6 +75,8 @@ impl std::ops::Deref for AppState {
     tags(
         (name = "runs", description = "RunService: create, list, read, cancel and watch runs."),
         (name = "sessions", description = "Sessions and their message history."),
+        (name = "compaction", description = "CompactionService: how sessions are kept inside the model's \
+                                             context window, and the circuit breaker that stops a failing summariser."),
         (name = "snapshots", description = "SnapshotService: each run's state at its last iteration \
                                             boundary, kept after it ends until retention removes it."),
         (name = "agents", description = "Agent presets: provider, model, instructions, parameters, \
@@ -102,6 +105,14 @@ fn router() -> OpenApiRouter<AppState> {
             sessions::update_session
         ))
         .routes(routes!(sessions::list_session_messages))
+        .routes(routes!(sessions::compact_session))
+        .routes(routes!(
+            compaction::get_compaction_config,
+            compaction::replace_compaction_config,
+            compaction::update_compaction_config
+        ))
+        .routes(routes!(compaction::get_circuit_breaker))
+        .routes(routes!(compaction::reset_circuit_breaker))
         .routes(routes!(snapshots::list_snapshots))
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(agents::list_agents))

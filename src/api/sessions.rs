@@ -10,9 +10,10 @@ use super::extract::{Body, Json, Query};
 use super::page::Page;
 use super::{ApiError, AppState, Problem};
 use crate::domain::{
-    CreateSessionRequest, Message, MessageId, RequestProblem, Session, SessionId,
+    Compaction, CreateSessionRequest, Message, MessageId, RequestProblem, Session, SessionId,
     UpdateSessionRequest,
 };
+use crate::runtime::CompactError;
 use crate::store::{SessionPatch, StoreError};
 
 impl Body for CreateSessionRequest {
@@ -214,6 +215,11 @@ pub struct SessionMessages {
     /// Pass as `cursor` for the rest; absent when `messages` ends the history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
+    /// The compactions made at a message of this page, in order: each one's summary replaces,
+    /// in the requests after it, every message up to its `through_message_id` (the latest user
+    /// input stays verbatim). Every original message stays in `messages`.
+    #[serde(default)]
+    pub compactions: Vec<Compaction>,
 }
 
 /// Query of `GET /sessions/{session_id}/messages`; an unknown parameter is 400 `invalid_query`.
@@ -231,10 +237,11 @@ pub struct MessagesQuery {
 }
 
 /// A session's message history, oldest first: roles, content parts, tool calls and tool
-/// results, and the text of a model call cut off by its run's end (`status: incomplete`). A
-/// page holds up to `limit` messages and stops once they pass the server's byte budget
-/// (`runtime.max_page_bytes`, default 1 MiB; the message that passes it is included);
-/// `next_cursor` continues. Each page reads only its own messages from the store.
+/// results, the text of a model call cut off by its run's end (`status: incomplete`), and where
+/// each compaction happened with its summary (`compactions`). A page holds up to `limit`
+/// messages and stops once they pass the server's byte budget (`runtime.max_page_bytes`,
+/// default 1 MiB; the message that passes it is included); `next_cursor` continues. Each page
+/// reads only its own messages from the store.
 #[utoipa::path(get, path = "/sessions/{session_id}/messages", tag = "sessions",
     params(("session_id" = String, Path, format = Uuid, description = "Session id"), MessagesQuery),
     responses(
@@ -270,10 +277,65 @@ pub async fn list_session_messages(
         .ok_or_else(invalid_cursor)?;
     let max_bytes = state.runtime.config().max_page_bytes;
     let next_cursor = page.finish(&mut messages, max_bytes, |m| m.id.to_string());
+    let on_page: std::collections::HashSet<MessageId> = messages.iter().map(|m| m.id).collect();
+    let compactions = state
+        .runtime
+        .store()
+        .session_compactions(session.id)
+        .await?
+        .into_iter()
+        .filter(|c| on_page.contains(&c.through_message_id))
+        .collect();
     Ok(axum::Json(SessionMessages {
         messages,
         next_cursor,
+        compactions,
     }))
+}
+
+/// Compact a session now: the context its next run would start from is summarised — older
+/// turns replaced by a summary, the newest kept verbatim, as an automatic compaction does — by
+/// the compaction model (`/compaction`'s `provider`/`model`, else the model of the session's
+/// latest run). The original messages stay; the compaction is listed with them at
+/// `GET /sessions/{session_id}/messages`. A failure counts for the circuit breaker.
+#[utoipa::path(post, path = "/sessions/{session_id}/compact", tag = "sessions",
+    params(("session_id" = String, Path, format = Uuid, description = "Session id")),
+    responses(
+        (status = 200, description = "The compaction made", body = Compaction),
+        (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`session_busy`: a run is active (its id is `run_id`); `nothing_to_compact`: everything fits in what compaction keeps verbatim (`tail_turns`, `keep_tokens`); `compaction_circuit_open`: the circuit breaker is open (reset it first); `model_not_configured`: the session's model is no longer configured", body = Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`compaction_failed`: the summariser failed, returned an empty summary, or its summary did not shrink the context (counted by the circuit breaker)", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn compact_session(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+) -> Result<axum::Json<Compaction>, ApiError> {
+    let id = parse_session_id(&raw)?;
+    match state.runtime.compact_session(id).await {
+        Ok(compaction) => Ok(axum::Json(compaction)),
+        Err(error) => {
+            let detail = error.to_string();
+            Err(match error {
+                CompactError::SessionNotFound(_) => session_not_found(&raw),
+                CompactError::SessionBusy(run_id) => {
+                    ApiError::new(StatusCode::CONFLICT, "session_busy", detail).run(run_id, None)
+                }
+                CompactError::NothingToCompact(_) => {
+                    ApiError::new(StatusCode::CONFLICT, "nothing_to_compact", detail)
+                }
+                CompactError::CircuitOpen(_) => {
+                    ApiError::new(StatusCode::CONFLICT, "compaction_circuit_open", detail)
+                }
+                CompactError::ModelGone(_) => {
+                    ApiError::new(StatusCode::CONFLICT, "model_not_configured", detail)
+                }
+                CompactError::Failed(_) => {
+                    ApiError::new(StatusCode::BAD_GATEWAY, "compaction_failed", detail)
+                }
+                CompactError::Store(error) => error.into(),
+            })
+        }
+    }
 }
 
 /// Delete a session with its runs, messages and events.

@@ -56,3 +56,7 @@ uuid_id!(
     /// Identifies a stored message (proto `Message.id`).
     MessageId
 );
+uuid_id!(
+    /// Identifies a compaction of a session's context.
+    CompactionId
+);

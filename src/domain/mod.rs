@@ -1,9 +1,11 @@
-//! Domain types of the contract: ids, runs, sessions, messages, usage and tool calls.
+//! Domain types of the contract: ids, runs, sessions, messages, usage, tool calls and
+//! compaction.
 //!
 //! They come from the seeds (`agent.v1` proto and its `common.proto` as DESIGN.md restates it)
 //! and depend on nothing but serde, chrono, uuid and utoipa.
 
 mod agent;
+mod compaction;
 mod error_class;
 mod ids;
 mod message;
@@ -15,8 +17,12 @@ pub use agent::{
     PendingToolCall, RequiredAction, RunDefinition, RunTool, SessionDefaults, ToolDefinition,
     check_tools, is_tool_name,
 };
+pub use compaction::{
+    CircuitBreaker, Compaction, CompactionConfig, CompactionTrigger, MAX_BREAKER_THRESHOLD,
+    MAX_TAIL_TURNS, ModelWindow, SettingsProblem,
+};
 pub use error_class::ErrorClass;
-pub use ids::{MessageId, RunId, SessionId};
+pub use ids::{CompactionId, MessageId, RunId, SessionId};
 pub use message::{ContentPart, Message, MessageStatus, Reasoning, Role, ToolCall};
 pub use run::{
     ACTION_TIMEOUT_MS, CreateRunRequest, CreateRunResponse, CreateSessionRequest,

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::{
-    ErrorClass, FinishReason, MessageId, RequiredAction, RunId, SessionId, TokenUsage, ToolCall,
+    CompactionId, CompactionTrigger, ErrorClass, FinishReason, MessageId, RequiredAction, RunId,
+    SessionId, TokenUsage, ToolCall,
 };
 
 pub use feed::{EventFeed, FeedSubscription, LoggedEvent};
@@ -117,6 +118,9 @@ event_payloads! {
     /// (`POST /runs/{run_id}/approvals`). For a client tool this stands where
     /// `tool_execution_started` would be; its answer comes as `tool_execution_finished`.
     ToolCallsRequired(RequiredAction) = "tool_calls_required",
+    /// The run's context was compacted: older turns replaced by a summary in the requests that
+    /// follow (the stored messages stay).
+    ContextCompacted(ContextCompacted) = "context_compacted",
 }
 
 impl EventPayload {
@@ -343,4 +347,33 @@ pub struct ModelRetrying {
     pub delay_ms: u64,
     /// Why the attempt failed (no secrets).
     pub error: String,
+}
+
+/// `context_compacted`: the older turns of the session were summarised, and the requests that
+/// follow hold the system content, this summary, then the messages after `through_message_id`
+/// (and the latest user input, always kept verbatim). Every original message stays stored;
+/// `GET /sessions/{session_id}/messages` lists the compaction with them. Comes before the
+/// `model_started` of the call it makes room for (`trigger` `auto`), or after the
+/// `model_retrying` of a call the provider rejected as too long (`reactive`), which is then
+/// made again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ContextCompacted {
+    /// The stored compaction.
+    pub compaction_id: CompactionId,
+    /// What made it happen: `auto` or `reactive`.
+    pub trigger: CompactionTrigger,
+    /// Original messages summarised by this compaction.
+    pub messages_summarised: u32,
+    /// The last message the summary covers.
+    pub through_message_id: MessageId,
+    /// The request's estimated size before, in tokens.
+    pub tokens_before: u64,
+    /// The request's estimated size after, in tokens.
+    pub tokens_after: u64,
+    /// The summary, as the next requests carry it.
+    pub summary: String,
+    /// The summariser's token usage (counted in the run's `total_usage`).
+    pub usage: TokenUsage,
+    /// How long the summariser took, in ms.
+    pub duration_ms: u64,
 }

@@ -176,10 +176,12 @@ impl ErrorDetail {
     }
 
     /// OpenAI's `context_length_exceeded` code, llama.cpp's `exceed_context_size_error` type,
-    /// or the wordings of OpenAI, vLLM ("This model's maximum context length is …"), llama.cpp
-    /// ("the request exceeds the available context size"), Ollama ("prompt too long; exceeded
-    /// max context length by … tokens", "input length exceeds the context length") and
-    /// similar.
+    /// or the wordings of OpenAI, vLLM ("This model's maximum context length is …", and its v1
+    /// engine's "The decoder prompt (length …) is longer than the maximum model length of …"),
+    /// llama.cpp ("request (… tokens) exceeds the available context size"), Ollama ("prompt
+    /// too long; exceeded max context length by … tokens", "the input length exceeds the
+    /// context length"), LM Studio ("… loaded with context length of only … tokens") and
+    /// similar. The bodies are in `tests/fixtures/context_length/`.
     fn is_context_length(&self) -> bool {
         if self.has_code("context_length_exceeded") || self.has_code("exceed_context_size") {
             return true;
@@ -194,6 +196,7 @@ impl ErrorDetail {
             "context window",
             "prompt is too long",
             "prompt too long",
+            "maximum model length",
         ]
         .iter()
         .any(|phrase| message.contains(phrase))

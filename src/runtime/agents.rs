@@ -417,6 +417,15 @@ pub(super) fn tool_specs(runtime: &Runtime, record: &RunRecord) -> Vec<ToolSpec>
     specs
 }
 
+/// The most tokens the run's model calls may generate: its `max_output_tokens` parameter, else
+/// the model's configured maximum.
+pub(super) fn max_output_tokens(record: &RunRecord, model: &ModelConfig) -> u32 {
+    record
+        .parameters
+        .max_output_tokens
+        .unwrap_or(model.max_output_tokens)
+}
+
 /// The model call of one iteration: the context and tools, with the run's instructions,
 /// parameters and provider options; the output limit is the run's, else the model's.
 pub(super) fn model_request(
@@ -432,11 +441,7 @@ pub(super) fn model_request(
         messages,
         tools,
         tool_choice,
-        max_output_tokens: Some(
-            parameters
-                .max_output_tokens
-                .unwrap_or(model.max_output_tokens),
-        ),
+        max_output_tokens: Some(max_output_tokens(record, model)),
         instructions: record.instructions.clone(),
         temperature: parameters.temperature,
         top_p: parameters.top_p,

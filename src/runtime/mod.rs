@@ -1,7 +1,9 @@
 //! The runtime: admits runs, executes each in a task it owns, cancels them, recovers runs left
-//! non-terminal by a previous process, and serves watches of the event log.
+//! non-terminal by a previous process, keeps their context inside the model's window
+//! (compaction), and serves watches of the event log.
 
 mod agents;
+pub mod compaction;
 mod doom_loop;
 mod event_log;
 mod model_turn;
@@ -22,13 +24,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{AgentPreset, ModelConfig, ProviderConfig, RuntimeConfig};
-use crate::domain::{CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId};
+use crate::domain::{
+    CompactionConfig, CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId,
+};
 use crate::events::{EventFeed, EventPayload, LoggedEvent};
 use crate::provider::Provider;
 use crate::store::{NewRun, Store, StoreError};
 use crate::tools::ToolRegistry;
 
 pub use agents::{Answer, AnswerError};
+pub use compaction::{CompactError, SettingsError};
 pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
 
@@ -150,6 +155,8 @@ pub struct Runtime {
     config: RuntimeConfig,
     /// Agent presets (`[agents.<name>]`), by name.
     agents: BTreeMap<String, AgentPreset>,
+    /// The compaction settings (initial and stored).
+    compaction: compaction::Settings,
     active: Mutex<HashMap<RunId, ActiveRun>>,
     tasks: TaskTracker,
     /// This process's id as a lease owner (UUID v7, new at each start).
@@ -161,16 +168,18 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// A runtime over a store and providers; starts the event log writer (and loads the
-    /// tokenizer in the background). Must be called within a Tokio runtime.
+    /// A runtime over a store and providers, with the config file's compaction settings as the
+    /// initial ones; starts the event log writer (and loads the tokenizer in the background).
+    /// Must be called within a Tokio runtime.
     #[must_use]
     pub fn new(
         store: Arc<dyn Store>,
         providers: HashMap<String, ProviderEntry>,
         tools: Arc<ToolRegistry>,
         config: RuntimeConfig,
+        compaction: CompactionConfig,
     ) -> Arc<Self> {
-        Self::with_agents(store, providers, tools, config, BTreeMap::new())
+        Self::with_agents(store, providers, tools, config, compaction, BTreeMap::new())
     }
 
     /// [`Runtime::new`] with agent presets (check them with [`Runtime::check_agents`]).
@@ -180,14 +189,26 @@ impl Runtime {
         providers: HashMap<String, ProviderEntry>,
         tools: Arc<ToolRegistry>,
         config: RuntimeConfig,
+        compaction: CompactionConfig,
         agents: BTreeMap<String, AgentPreset>,
     ) -> Arc<Self> {
         let owner: Arc<str> = Arc::from(uuid::Uuid::now_v7().to_string());
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
         let log = EventLog::start(store.clone(), feed, config.max_batch_events, owner.clone());
-        // The tokenizer's tables load once (about 2 s in a debug build), off the async threads,
-        // before a usage estimate needs them.
-        tokio::task::spawn_blocking(|| tokens::count_text("warm up"));
+        // The tokenizers' tables load once (about 2 s in a debug build), off the async threads:
+        // `o200k_base` (usage estimates) and each configured model's; until then a request's
+        // size is counted roughly, so no model call waits for them.
+        let mut families: Vec<tokens::Tokenizer> = providers
+            .values()
+            .flat_map(|entry| entry.config.models.keys())
+            .map(|model| tokens::Tokenizer::for_model(model))
+            .chain([tokens::Tokenizer::O200k])
+            .collect();
+        families.sort_by_key(|t| format!("{t:?}"));
+        families.dedup();
+        tokio::task::spawn_blocking(move || {
+            families.into_iter().for_each(tokens::Tokenizer::warm_up)
+        });
         let ttl = Duration::from_millis(config.lease_ttl_ms);
         let runtime = Arc::new(Self {
             store,
@@ -196,6 +217,7 @@ impl Runtime {
             tools,
             config,
             agents,
+            compaction: compaction::Settings::new(compaction),
             active: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             owner,

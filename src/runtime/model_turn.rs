@@ -47,6 +47,11 @@ impl ModelTurn {
 /// Why reading a stream failed.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum TurnError {
+    /// The call failed before any of its output (text, reasoning, a tool call) was emitted:
+    /// it may be made again without repeating anything.
+    #[error(transparent)]
+    Rejected(ProviderError),
+    /// The call failed after some output.
     #[error(transparent)]
     Provider(#[from] ProviderError),
     #[error(transparent)]
@@ -73,8 +78,18 @@ pub(super) async fn read_model_stream(
     // Calls started and not yet completed: (call id, tool name, argument text so far).
     let mut open: Vec<(String, String, String)> = Vec::new();
     let mut finished = false;
+    let mut output = false;
     while let Some(event) = stream.next().await {
-        match event? {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) if !output => return Err(TurnError::Rejected(error)),
+            Err(error) => return Err(TurnError::Provider(error)),
+        };
+        output |= !matches!(
+            event,
+            ModelEvent::Retrying { .. } | ModelEvent::Usage { .. } | ModelEvent::Finished(_)
+        );
+        match event {
             ModelEvent::TextDelta(delta) => {
                 turn.text.push_str(&delta);
                 emitter

@@ -326,11 +326,8 @@ pub(super) async fn plan(
             }
         }
     }
-    let assistant_messages: Vec<Message> = history
-        .iter()
-        .filter(|m| m.run_id == record.id && m.role == Role::Assistant)
-        .cloned()
-        .collect();
+    // From the store: a compaction may have taken the run's earlier turns out of `history`.
+    let assistant_messages = store.run_messages(record.id, Role::Assistant).await?;
     let Some((sequence, iteration)) = last_model_started else {
         return Ok(ResumePlan {
             abandoned_after: None,
@@ -355,7 +352,13 @@ pub(super) async fn plan(
             Next::Complete(record.finish_reason.unwrap_or(FinishReason::Stop))
         }
         Some(turn) => {
-            let answered: std::collections::HashSet<&str> = history
+            // The results after the turn answer its calls (an older call may have had the same
+            // id before a compaction took it out of the requests).
+            let after_turn = history
+                .iter()
+                .rposition(|m| m.id == turn.id)
+                .map_or(history.len(), |i| i + 1);
+            let answered: std::collections::HashSet<&str> = history[after_turn..]
                 .iter()
                 .filter_map(|m| m.tool_call_id.as_deref())
                 .collect();

@@ -9,21 +9,22 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::agents::{self, Decision, RunAgent, WaitError};
-use super::model_turn::{TurnError, keep_cut_off_text, read_model_stream};
+use super::compaction::{self, Conversation, Window};
+use super::model_turn::{ModelTurn, TurnError, keep_cut_off_text, read_model_stream};
 use super::recovery::{self, Next, PendingCalls};
-use super::tokens::{Reply, TokenCounter};
+use super::tokens::Reply;
 use super::tool_exec::{
     self, Execution, InFlight, answer_open_calls, commit_tool_message, skip_calls,
 };
-use super::{DoomLoopDetector, LogError, RunEmitter, Runtime};
+use super::{DoomLoopDetector, LogError, ProviderEntry, RunEmitter, Runtime};
 use crate::config::{ActionExpiry, ModelConfig};
 use crate::domain::{
-    ContentPart, ErrorClass, FinishReason, Message, MessageId, Role, RunRecord, RunStatus,
-    TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
+    ContentPart, ErrorClass, FinishReason, MessageId, Role, RunRecord, RunStatus, TokenUsage,
+    ToolCall, ToolChoice, ToolChoiceMode,
 };
 use crate::events::{
-    ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelStarted, RunCancelled,
-    RunCompleted, RunFailed, RunResumed, RunStarted, UsageRecorded,
+    ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelRetrying, ModelStarted,
+    RunCancelled, RunCompleted, RunFailed, RunResumed, RunStarted, UsageRecorded,
 };
 use crate::provider::{ProviderError, ToolSpec};
 use crate::store::{RunChange, RunOutcome, SnapshotWrite, StoreError};
@@ -80,10 +81,24 @@ impl RunFailure {
     }
 }
 
+impl From<compaction::Stop> for RunFailure {
+    fn from(stop: compaction::Stop) -> Self {
+        match stop {
+            compaction::Stop::TooLong(message) => Self::Provider(ProviderError::new(
+                "compaction",
+                ErrorClass::ContextLengthExceeded,
+                message,
+            )),
+            compaction::Stop::Log(error) => Self::Log(error),
+            compaction::Stop::Store(error) => Self::Store(error),
+        }
+    }
+}
+
 impl RunFailure {
     fn from_turn(error: TurnError, provider: &str) -> Self {
         match error {
-            TurnError::Provider(error) => Self::Provider(error),
+            TurnError::Rejected(error) | TurnError::Provider(error) => Self::Provider(error),
             TurnError::Log(error) => Self::Log(error),
             TurnError::NoFinish => Self::Provider(ProviderError::new(
                 provider,
@@ -294,7 +309,8 @@ fn tool_choice_for(choice: &ToolChoice, iteration: u32) -> ToolChoice {
 
 /// The loop's state that outlives one iteration.
 struct Progress {
-    history: Vec<Message>,
+    /// What the model calls are made with (from the session's latest compaction on).
+    context: Conversation,
     total_usage: TokenUsage,
     tool_calls_made: u32,
     doom_loop: Option<DoomLoopDetector>,
@@ -317,10 +333,11 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             ))
         })?;
     let config = runtime.config().clone();
-    let history = store.session_messages(record.session_id).await?;
+    let session = store.session_context(record.session_id).await?;
     let doom_loop = record.doom_loop.as_ref().unwrap_or(&config.doom_loop);
     let mut progress = Progress {
-        history,
+        context: Conversation::new(session, &record.model)
+            .with_instructions(record.instructions.as_deref()),
         total_usage: TokenUsage::default(),
         tool_calls_made: 0,
         doom_loop: doom_loop
@@ -347,7 +364,8 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             ),
             (
                 EventPayload::ContextBuilt(ContextBuilt {
-                    message_count: u32::try_from(progress.history.len()).unwrap_or(u32::MAX),
+                    message_count: u32::try_from(progress.context.request_len())
+                        .unwrap_or(u32::MAX),
                 }),
                 status(RunStatus::BuildingContext),
             ),
@@ -360,7 +378,6 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
         cancel,
         ..
     } = &context;
-    let mut counter = TokenCounter::new();
     let max_iterations = record.max_iterations;
     for iteration in first_iteration..=max_iterations {
         if cancel.is_cancelled() {
@@ -370,6 +387,25 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
         if runtime.draining.is_cancelled() {
             return Err(RunFailure::Suspended);
         }
+        // The request is compacted (pruned, summarised) first when it would not fit; any event
+        // that writes comes after the run's opening events.
+        let call = compaction::Call {
+            runtime: &runtime,
+            session_id: record.session_id,
+            run_id: record.id,
+            provider: &record.provider,
+            model: &record.model,
+            window: Window::of(*model, agents::max_output_tokens(record, model)),
+            emitter,
+            tools: &progress.tools,
+            iterations: iteration - 1,
+        };
+        call.before(
+            &mut progress.context,
+            &mut progress.total_usage,
+            &mut preamble,
+        )
+        .await?;
         let mut events = std::mem::take(&mut preamble);
         events.push((
             EventPayload::ModelStarted(ModelStarted {
@@ -391,41 +427,24 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 ..RunChange::default()
             },
         ));
-        let request = agents::model_request(
-            record,
-            model,
-            progress.history.clone(),
-            progress.tools.clone(),
-            tool_choice_for(&record.tool_choice, iteration),
-        );
-        // The request goes out while `model_started` is being committed: the provider's answer
-        // is only read once the event is durable, so nothing of the call precedes it in the log.
-        let (logged, stream) =
-            tokio::join!(emitter.emit_all(events), entry.provider.stream(request));
-        logged?;
-        let turn = read_model_stream(emitter, stream?)
-            .await
-            .map_err(|e| RunFailure::from_turn(e, &record.provider))?;
+        let turn = call_model(&context, &mut progress, &entry, iteration, events).await?;
 
-        // A call without reported usage is estimated with the tokenizer, and marked so.
+        // A call without reported usage is estimated with the tokenizer, and marked so; a
+        // reported one calibrates the session's estimates.
+        let calibration = turn
+            .usage
+            .and_then(|usage| progress.context.calibrate(usage.input_tokens));
         let usage = turn.usage.unwrap_or_else(|| {
-            let reply = Reply {
+            progress.context.usage(&Reply {
                 text: &turn.text,
                 reasoning: &turn.reasoning_text,
                 tool_calls: &turn.tool_calls,
-            };
-            let mut usage = counter.estimate(&progress.history, &progress.tools, &reply);
-            let instructions = record
-                .instructions
-                .as_deref()
-                .map_or(0, super::tokens::count_text);
-            usage.input_tokens += instructions;
-            usage.total_tokens += instructions;
-            usage
+            })
         });
         progress.total_usage += usage;
         let recorded = RunChange {
             progress: Some((iteration, progress.total_usage)),
+            calibration: calibration.map(|c| (record.session_id, c)),
             ..RunChange::default()
         };
         emitter
@@ -470,7 +489,7 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             )
             .await?;
         let message_id = assistant.id;
-        progress.history.push(assistant);
+        progress.context.push(assistant);
 
         if turn.tool_calls.is_empty() {
             return Ok(Completion {
@@ -483,6 +502,86 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
     Err(RunFailure::Limit(format!(
         "the run reached max_iterations ({max_iterations}) without the model stopping"
     )))
+}
+
+/// The iteration's model call: the request goes out while `events` (its `model_started`) are
+/// being committed — the provider's answer is only read once they are durable, so nothing of
+/// the call precedes them in the log. A call the provider rejects as too long before any output
+/// (`context_length_exceeded`) is made once more after a compaction (`model_retrying`, then
+/// `context_compacted`); rejected again, the run fails.
+async fn call_model(
+    context: &RunContext,
+    progress: &mut Progress,
+    entry: &ProviderEntry,
+    iteration: u32,
+    events: Vec<(EventPayload, RunChange)>,
+) -> Result<ModelTurn, RunFailure> {
+    let RunContext {
+        runtime,
+        record,
+        model,
+        emitter,
+        ..
+    } = context;
+    let mut events = Some(events);
+    let mut compacted = false;
+    loop {
+        let request = agents::model_request(
+            record,
+            model,
+            progress.context.request_messages(),
+            progress.tools.clone(),
+            tool_choice_for(&record.tool_choice, iteration),
+        );
+        let stream = match events.take() {
+            Some(events) => {
+                let (logged, stream) =
+                    tokio::join!(emitter.emit_all(events), entry.provider.stream(request));
+                logged?;
+                stream
+            }
+            None => entry.provider.stream(request).await,
+        };
+        let turn = match stream {
+            Ok(stream) => read_model_stream(emitter, stream).await,
+            Err(error) => Err(TurnError::Rejected(error)),
+        };
+        let error = match turn {
+            Err(TurnError::Rejected(error)) if error.class == ErrorClass::ContextLengthExceeded => {
+                error
+            }
+            other => return other.map_err(|e| RunFailure::from_turn(e, &record.provider)),
+        };
+        if compacted {
+            return Err(RunFailure::Provider(ProviderError {
+                message: format!("still too long after a compaction: {}", error.message),
+                ..error
+            }));
+        }
+        compacted = true;
+        emitter
+            .emit(EventPayload::ModelRetrying(ModelRetrying {
+                attempt: 1,
+                error_class: error.class,
+                delay_ms: 0,
+                error: error.message.clone(),
+            }))
+            .await?;
+        let call = compaction::Call {
+            runtime,
+            session_id: record.session_id,
+            run_id: record.id,
+            provider: &record.provider,
+            model: &record.model,
+            window: Window::of(*model, agents::max_output_tokens(record, model)),
+            emitter,
+            tools: &progress.tools,
+            iterations: iteration,
+        };
+        call.after_overflow(&mut progress.context, &mut progress.total_usage, &error)
+            .await?;
+        progress.context.measure(&progress.tools);
+    }
 }
 
 /// Where a resumed run goes on.
@@ -499,7 +598,7 @@ enum Resumed {
 async fn resume(context: &RunContext, progress: &mut Progress) -> Result<Resumed, RunFailure> {
     let record = &context.record;
     let store = context.runtime.store().clone();
-    let plan = recovery::plan(store.as_ref(), record, &progress.history).await?;
+    let plan = recovery::plan(store.as_ref(), record, progress.context.messages()).await?;
     let next_iteration = match &plan.next {
         Next::ModelCall(iteration) => *iteration,
         Next::Tools(_) => plan.iteration.saturating_add(1),
@@ -655,7 +754,7 @@ async fn run_tools(
     while let Some(execution) = executions.next().await {
         let (call, content) = execution?;
         let message = commit_tool_message(emitter, record, &call, content).await?;
-        progress.history.push(message);
+        progress.context.push(message);
     }
     Ok(())
 }

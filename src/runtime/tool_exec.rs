@@ -3,7 +3,6 @@
 //! cancelled, shut down or interrupted mid-call), and every tool call of the session gets
 //! exactly one tool message, so the session's next request is one providers accept.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -444,17 +443,17 @@ pub(super) async fn answer_open_calls(
     reason: &str,
 ) -> Result<(), StoreError> {
     let messages = store.session_messages(record.session_id).await?;
-    let answered: HashSet<&str> = messages
-        .iter()
-        .filter_map(|m| m.tool_call_id.as_deref())
-        .collect();
-    let open: Vec<ToolCall> = messages
-        .iter()
-        .filter(|m| m.run_id == record.id)
-        .flat_map(|m| m.tool_calls.iter())
-        .filter(|call| !answered.contains(call.id.as_str()))
-        .cloned()
-        .collect();
+    // In order: a result answers the open call with its id (ids may repeat once a compaction
+    // took the older call out of the requests).
+    let mut open: Vec<ToolCall> = Vec::new();
+    for message in messages.iter().filter(|m| m.run_id == record.id) {
+        open.extend(message.tool_calls.iter().cloned());
+        if let Some(id) = message.tool_call_id.as_deref()
+            && let Some(position) = open.iter().position(|call| call.id == id)
+        {
+            open.remove(position);
+        }
+    }
     skip_calls(emitter, record, &open, reason)
         .await
         .map_err(|e| StoreError::Corrupt(e.to_string()))

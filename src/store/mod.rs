@@ -12,9 +12,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::domain::{
-    ActionAnswer, FinishReason, Message, MessageId, RequiredAction, Role, RunDefinition, RunId,
-    RunRecord, RunStatus, RunTool, Session, SessionDefaults, SessionId, Snapshot, TokenUsage,
-    ToolChoice,
+    ActionAnswer, CircuitBreaker, Compaction, CompactionConfig, FinishReason, Message, MessageId,
+    RequiredAction, Role, RunDefinition, RunId, RunRecord, RunStatus, RunTool, Session,
+    SessionDefaults, SessionId, Snapshot, TokenUsage, ToolChoice,
 };
 use crate::events::LoggedEvent;
 
@@ -242,6 +242,12 @@ pub struct RunChange {
     /// What the run waits for from now on (`tool_calls_required`, with status
     /// `requires_action`); any later status change clears it.
     pub required_action: Option<RequiredAction>,
+    /// A compaction the event announces (`context_compacted`): stored, and the circuit breaker
+    /// closed, in the event's transaction.
+    pub compaction: Option<Compaction>,
+    /// The session's token calibration after a model call that reported its usage
+    /// (`usage_recorded`).
+    pub calibration: Option<(SessionId, Calibration)>,
 }
 
 /// What recording a client's answers to a paused run did.
@@ -266,6 +272,41 @@ pub struct SessionPatch {
     pub title: Option<Option<String>>,
     /// A new metadata object.
     pub metadata: Option<serde_json::Value>,
+}
+
+/// A session's token calibration: the input tokens the provider reported for the session's
+/// last model call, and behest's own count of that same request. Their ratio corrects the next
+/// estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Calibration {
+    /// Input tokens the provider reported.
+    pub reported_tokens: u64,
+    /// behest's count of the same request (its tokenizer or estimate, uncorrected).
+    pub counted_tokens: u64,
+}
+
+/// What a run starts from: the session's context as the model sees it, which does not grow with
+/// the session's length once it has been compacted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionContext {
+    /// The latest compaction (the one covering the most messages); `None` when the session was
+    /// never compacted.
+    pub compaction: Option<Compaction>,
+    /// Without a compaction: every message, oldest first. After one: the session's system
+    /// messages up to it, then its latest user input when the compaction covers it, then every
+    /// message after the compaction, oldest first.
+    pub messages: Vec<Message>,
+    /// The calibration of the session's last model call, if one reported its usage.
+    pub calibration: Option<Calibration>,
+}
+
+/// The circuit breaker after a failed compaction was counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerFailure {
+    /// Its state now.
+    pub breaker: CircuitBreaker,
+    /// True when this failure opened it (it was closed before).
+    pub opened: bool,
 }
 
 /// The final state of a run, written with its terminal event.
@@ -446,6 +487,39 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// The answers recorded for the run's calls, read after every submission that began
     /// before this call has committed (its deadline passed: none after it is accepted).
     async fn close_action(&self, run_id: RunId) -> StoreResult<Vec<(String, ActionAnswer)>>;
+    /// The session's context for a run (see [`SessionContext`]): a few indexed reads whatever
+    /// the session's length.
+    async fn session_context(&self, session_id: SessionId) -> StoreResult<SessionContext>;
+
+    /// Every compaction of the session, in the order of the messages they cover.
+    async fn session_compactions(&self, session_id: SessionId) -> StoreResult<Vec<Compaction>>;
+
+    /// Stores a compaction made outside a run (`POST /sessions/{id}/compact`) and closes the
+    /// circuit breaker, in one transaction.
+    ///
+    /// # Errors
+    /// [`StoreError::SessionBusy`] when the session has an active run (nothing is written).
+    async fn insert_compaction(&self, compaction: &Compaction) -> StoreResult<()>;
+
+    /// The compaction settings stored through `/compaction`; `None` before the first change.
+    async fn compaction_config(&self) -> StoreResult<Option<CompactionConfig>>;
+
+    /// Stores the compaction settings (replacing them).
+    async fn put_compaction_config(&self, config: &CompactionConfig) -> StoreResult<()>;
+
+    /// The circuit breaker's state (`threshold` is the one in force, shown with it).
+    async fn circuit_breaker(&self, threshold: u32) -> StoreResult<CircuitBreaker>;
+
+    /// Counts a failed compaction (atomically, across processes): the breaker opens when the
+    /// consecutive failures reach `threshold`.
+    async fn record_compaction_failure(
+        &self,
+        error: &str,
+        threshold: u32,
+    ) -> StoreResult<BreakerFailure>;
+
+    /// Closes the breaker and clears its count and last error.
+    async fn reset_circuit_breaker(&self, threshold: u32) -> StoreResult<CircuitBreaker>;
 }
 
 /// Opens the store a URL names, creating the SQLite file when missing, and applies migrations.

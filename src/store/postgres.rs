@@ -19,8 +19,8 @@ impl PostgresStore {
     const SINGLE_PROCESS: bool = false;
     /// Rows read for a check that must hold until the commit (fencing) are share-locked.
     const ROW_LOCK: &str = " FOR SHARE";
-    /// A row read to decide a write that must not race another is locked for update.
-    const ROW_LOCK_EXCLUSIVE: &str = " FOR UPDATE";
+    /// A row read to be updated in the same transaction is locked for it.
+    const ROW_LOCK_UPDATE: &str = " FOR UPDATE";
 
     /// Connects to a `postgres://` URL and migrates the database.
     ///

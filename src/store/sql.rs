@@ -9,8 +9,9 @@ use uuid::Uuid;
 
 use super::{StoreError, StoreResult};
 use crate::domain::{
-    FinishReason, Message, MessageId, MessageStatus, Role, RunDefinition, RunId, RunRecord,
-    RunStatus, Session, SessionId, Snapshot, TokenUsage,
+    CircuitBreaker, Compaction, CompactionConfig, CompactionId, CompactionTrigger, FinishReason,
+    Message, MessageId, MessageStatus, Role, RunDefinition, RunId, RunRecord, RunStatus, Session,
+    SessionId, Snapshot, TokenUsage,
 };
 use crate::events::LoggedEvent;
 
@@ -27,6 +28,136 @@ pub(super) const MESSAGE_COLUMNS: &str = "id, session_id, run_id, role, content,
      reasoning, status";
 
 pub(super) const SESSION_COLUMNS: &str = "id, created_at, updated_at, title, metadata, defaults";
+
+pub(super) const COMPACTION_COLUMNS: &str = "id, session_id, run_id, cause, through_message_id, \
+     messages_summarised, tokens_before, tokens_after, summary, provider, model, input_tokens, \
+     output_tokens, total_tokens, reasoning_tokens, usage_estimated, created_at";
+
+pub(super) const SETTINGS_COLUMNS: &str = "auto, prune, buffer_tokens, keep_tokens, tail_turns, \
+     model, provider, circuit_breaker_threshold";
+
+#[derive(sqlx::FromRow)]
+pub(super) struct CompactionRow {
+    id: Uuid,
+    session_id: Uuid,
+    run_id: Option<Uuid>,
+    cause: String,
+    through_message_id: Uuid,
+    messages_summarised: i64,
+    tokens_before: i64,
+    tokens_after: i64,
+    summary: String,
+    provider: String,
+    model: String,
+    input_tokens: i64,
+    output_tokens: i64,
+    total_tokens: i64,
+    reasoning_tokens: i64,
+    usage_estimated: bool,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<CompactionRow> for Compaction {
+    type Error = StoreError;
+
+    fn try_from(row: CompactionRow) -> StoreResult<Self> {
+        Ok(Self {
+            id: CompactionId(row.id),
+            session_id: SessionId(row.session_id),
+            run_id: row.run_id.map(RunId),
+            trigger: CompactionTrigger::parse(&row.cause)
+                .ok_or_else(|| corrupt("compaction cause", &row.cause))?,
+            through_message_id: MessageId(row.through_message_id),
+            messages_summarised: u32::try_from(row.messages_summarised).unwrap_or(u32::MAX),
+            tokens_before: count(row.tokens_before),
+            tokens_after: count(row.tokens_after),
+            summary: row.summary,
+            provider: row.provider,
+            model: row.model,
+            usage: TokenUsage {
+                input_tokens: count(row.input_tokens),
+                output_tokens: count(row.output_tokens),
+                total_tokens: count(row.total_tokens),
+                reasoning_tokens: count(row.reasoning_tokens),
+                estimated: row.usage_estimated,
+            },
+            created_at: row.created_at,
+        })
+    }
+}
+
+pub(super) fn compactions(rows: Vec<CompactionRow>) -> StoreResult<Vec<Compaction>> {
+    rows.into_iter().map(TryInto::try_into).collect()
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct SettingsRow {
+    auto: bool,
+    prune: bool,
+    buffer_tokens: i64,
+    keep_tokens: i64,
+    tail_turns: i64,
+    model: String,
+    provider: String,
+    circuit_breaker_threshold: i64,
+}
+
+impl From<SettingsRow> for CompactionConfig {
+    fn from(row: SettingsRow) -> Self {
+        Self {
+            auto: row.auto,
+            prune: row.prune,
+            buffer_tokens: count(row.buffer_tokens),
+            keep_tokens: count(row.keep_tokens),
+            tail_turns: u32::try_from(row.tail_turns).unwrap_or(u32::MAX),
+            model: row.model,
+            provider: row.provider,
+            circuit_breaker_threshold: u32::try_from(row.circuit_breaker_threshold)
+                .unwrap_or(u32::MAX),
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct BreakerRow {
+    pub(super) consecutive_failures: i64,
+    pub(super) is_open: bool,
+    opened_at: Option<DateTime<Utc>>,
+    last_error: Option<String>,
+}
+
+impl BreakerRow {
+    pub(super) fn with_threshold(self, threshold: u32) -> CircuitBreaker {
+        CircuitBreaker {
+            is_open: self.is_open,
+            consecutive_failures: u32::try_from(self.consecutive_failures).unwrap_or(u32::MAX),
+            threshold,
+            opened_at: self.opened_at,
+            last_error: self.last_error,
+        }
+    }
+}
+
+/// The calibration columns of a session row.
+#[derive(sqlx::FromRow)]
+pub(super) struct CalibrationRow {
+    context_reported_tokens: Option<i64>,
+    context_counted_tokens: Option<i64>,
+}
+
+impl CalibrationRow {
+    pub(super) fn calibration(&self) -> Option<super::Calibration> {
+        match (self.context_reported_tokens, self.context_counted_tokens) {
+            (Some(reported), Some(counted)) if reported > 0 && counted > 0 => {
+                Some(super::Calibration {
+                    reported_tokens: count(reported),
+                    counted_tokens: count(counted),
+                })
+            }
+            _ => None,
+        }
+    }
+}
 
 #[derive(sqlx::FromRow)]
 pub(super) struct RunRow {
@@ -185,6 +316,13 @@ impl TryFrom<RunRow> for RunRecord {
             events_removed_at: row.events_removed_at,
         })
     }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct CompactionWithSeq {
+    #[sqlx(flatten)]
+    pub(super) compaction: CompactionRow,
+    pub(super) through_seq: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -512,6 +650,20 @@ macro_rules! impl_store {
                     }
                     if let Some(snapshot) = &change.snapshot {
                         Self::upsert_snapshot(&mut tx, write, snapshot).await?;
+                    }
+                    if let Some(compaction) = &change.compaction {
+                        Self::insert_compaction_row(&mut tx, compaction).await?;
+                    }
+                    if let Some((session_id, calibration)) = &change.calibration {
+                        sqlx::query(
+                            "UPDATE sessions SET context_reported_tokens = $2, \
+                             context_counted_tokens = $3 WHERE id = $1",
+                        )
+                        .bind(session_id.0)
+                        .bind(to_i64(calibration.reported_tokens))
+                        .bind(to_i64(calibration.counted_tokens))
+                        .execute(&mut *tx)
+                        .await?;
                     }
                     if let Some(reason) = change.finish_reason {
                         sqlx::query("UPDATE runs SET finish_reason = $2 WHERE id = $1")
@@ -1000,7 +1152,7 @@ macro_rules! impl_store {
                 // follow one another.
                 let row: Option<(String, Option<String>)> = sqlx::query_as(&format!(
                     "SELECT status, required_action FROM runs WHERE id = $1{}",
-                    Self::ROW_LOCK_EXCLUSIVE
+                    Self::ROW_LOCK_UPDATE
                 ))
                 .bind(run_id.0)
                 .fetch_optional(&mut *tx)
@@ -1068,7 +1220,7 @@ macro_rules! impl_store {
                 // Waits for a submission holding the row's lock to commit.
                 let _: Option<uuid::Uuid> = sqlx::query_scalar(&format!(
                     "SELECT id FROM runs WHERE id = $1{}",
-                    Self::ROW_LOCK_EXCLUSIVE
+                    Self::ROW_LOCK_UPDATE
                 ))
                 .bind(run_id.0)
                 .fetch_optional(&mut *tx)
@@ -1121,6 +1273,216 @@ macro_rules! impl_store {
                 tx.commit().await?;
                 Ok(u32::try_from(runs.len()).unwrap_or(u32::MAX))
             }
+
+            async fn session_context(
+                &self,
+                session_id: $crate::domain::SessionId,
+            ) -> $crate::store::StoreResult<$crate::store::SessionContext> {
+                use $crate::store::sql::{COMPACTION_COLUMNS, MESSAGE_COLUMNS};
+                let calibration: Option<$crate::store::sql::CalibrationRow> = sqlx::query_as(
+                    "SELECT context_reported_tokens, context_counted_tokens FROM sessions \
+                     WHERE id = $1",
+                )
+                .bind(session_id.0)
+                .fetch_optional(&self.pool)
+                .await?;
+                let calibration = calibration.and_then(|row| row.calibration());
+                let latest: Option<($crate::store::sql::CompactionRow, i64)> = {
+                    let row: Option<$crate::store::sql::CompactionWithSeq> = sqlx::query_as(&format!(
+                        "SELECT {COMPACTION_COLUMNS}, through_seq FROM compactions \
+                         WHERE session_id = $1 ORDER BY through_seq DESC, id DESC LIMIT 1"
+                    ))
+                    .bind(session_id.0)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                    row.map(|row| (row.compaction, row.through_seq))
+                };
+                let Some((compaction, through_seq)) = latest else {
+                    let messages = self.session_messages(session_id).await?;
+                    return Ok($crate::store::SessionContext {
+                        compaction: None,
+                        messages,
+                        calibration,
+                    });
+                };
+                let mut rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
+                     AND role = 'system' AND seq <= $2 ORDER BY seq"
+                ))
+                .bind(session_id.0)
+                .bind(through_seq)
+                .fetch_all(&self.pool)
+                .await?;
+                // The latest user input is kept verbatim, even when the compaction covers it.
+                let pinned: Option<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
+                     AND role = 'user' AND seq <= $2 AND NOT EXISTS (SELECT 1 FROM messages \
+                     WHERE session_id = $1 AND role = 'user' AND seq > $2) \
+                     ORDER BY seq DESC LIMIT 1"
+                ))
+                .bind(session_id.0)
+                .bind(through_seq)
+                .fetch_optional(&self.pool)
+                .await?;
+                rows.extend(pinned);
+                let after: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 AND seq > $2 \
+                     ORDER BY seq"
+                ))
+                .bind(session_id.0)
+                .bind(through_seq)
+                .fetch_all(&self.pool)
+                .await?;
+                rows.extend(after);
+                Ok($crate::store::SessionContext {
+                    compaction: Some(compaction.try_into()?),
+                    messages: $crate::store::sql::messages(rows)?,
+                    calibration,
+                })
+            }
+
+            async fn session_compactions(
+                &self,
+                session_id: $crate::domain::SessionId,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Compaction>> {
+                use $crate::store::sql::COMPACTION_COLUMNS;
+                let rows: Vec<$crate::store::sql::CompactionRow> = sqlx::query_as(&format!(
+                    "SELECT {COMPACTION_COLUMNS} FROM compactions WHERE session_id = $1 \
+                     ORDER BY through_seq, id"
+                ))
+                .bind(session_id.0)
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::compactions(rows)
+            }
+
+            async fn insert_compaction(
+                &self,
+                compaction: &$crate::domain::Compaction,
+            ) -> $crate::store::StoreResult<()> {
+                let mut tx = self.begin_write().await?;
+                let active: Option<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM runs WHERE session_id = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1",
+                )
+                .bind(compaction.session_id.0)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if let Some(run) = active {
+                    return Err($crate::store::StoreError::SessionBusy {
+                        session_id: compaction.session_id,
+                        active_run: $crate::domain::RunId(run),
+                    });
+                }
+                Self::insert_compaction_row(&mut tx, compaction).await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn compaction_config(
+                &self,
+            ) -> $crate::store::StoreResult<Option<$crate::domain::CompactionConfig>> {
+                use $crate::store::sql::SETTINGS_COLUMNS;
+                let row: Option<$crate::store::sql::SettingsRow> = sqlx::query_as(&format!(
+                    "SELECT {SETTINGS_COLUMNS} FROM compaction_settings WHERE id = 1"
+                ))
+                .fetch_optional(&self.pool)
+                .await?;
+                Ok(row.map(Into::into))
+            }
+
+            async fn put_compaction_config(
+                &self,
+                config: &$crate::domain::CompactionConfig,
+            ) -> $crate::store::StoreResult<()> {
+                use $crate::store::sql::{SETTINGS_COLUMNS, text, to_i64};
+                sqlx::query(&format!(
+                    "INSERT INTO compaction_settings (id, {SETTINGS_COLUMNS}, updated_at) \
+                     VALUES (1, $1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                     ON CONFLICT (id) DO UPDATE SET auto = excluded.auto, prune = excluded.prune, \
+                     buffer_tokens = excluded.buffer_tokens, keep_tokens = excluded.keep_tokens, \
+                     tail_turns = excluded.tail_turns, model = excluded.model, \
+                     provider = excluded.provider, \
+                     circuit_breaker_threshold = excluded.circuit_breaker_threshold, \
+                     updated_at = excluded.updated_at"
+                ))
+                .bind(config.auto)
+                .bind(config.prune)
+                .bind(to_i64(config.buffer_tokens))
+                .bind(to_i64(config.keep_tokens))
+                .bind(i64::from(config.tail_turns))
+                .bind(text(&config.model))
+                .bind(text(&config.provider))
+                .bind(i64::from(config.circuit_breaker_threshold))
+                .bind(chrono::Utc::now())
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn circuit_breaker(
+                &self,
+                threshold: u32,
+            ) -> $crate::store::StoreResult<$crate::domain::CircuitBreaker> {
+                let row: $crate::store::sql::BreakerRow = sqlx::query_as(
+                    "SELECT consecutive_failures, is_open, opened_at, last_error \
+                     FROM compaction_breaker WHERE id = 1",
+                )
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(row.with_threshold(threshold))
+            }
+
+            async fn record_compaction_failure(
+                &self,
+                error: &str,
+                threshold: u32,
+            ) -> $crate::store::StoreResult<$crate::store::BreakerFailure> {
+                let mut tx = self.begin_write().await?;
+                // Read under a lock that holds until the commit, so concurrent failures (other
+                // runs, other replicas) are counted one after the other.
+                let before: $crate::store::sql::BreakerRow = sqlx::query_as(&format!(
+                    "SELECT consecutive_failures, is_open, opened_at, last_error \
+                     FROM compaction_breaker WHERE id = 1{}",
+                    Self::ROW_LOCK_UPDATE
+                ))
+                .fetch_one(&mut *tx)
+                .await?;
+                let failures = before.consecutive_failures.saturating_add(1);
+                let open = before.is_open || failures >= i64::from(threshold);
+                let opened = open && !before.is_open;
+                let row: $crate::store::sql::BreakerRow = sqlx::query_as(
+                    "UPDATE compaction_breaker SET consecutive_failures = $1, is_open = $2, \
+                     opened_at = CASE WHEN $3 THEN $4 ELSE opened_at END, last_error = $5 \
+                     WHERE id = 1 RETURNING consecutive_failures, is_open, opened_at, last_error",
+                )
+                .bind(failures)
+                .bind(open)
+                .bind(opened)
+                .bind(chrono::Utc::now())
+                .bind($crate::store::sql::text(error))
+                .fetch_one(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok($crate::store::BreakerFailure {
+                    breaker: row.with_threshold(threshold),
+                    opened,
+                })
+            }
+
+            async fn reset_circuit_breaker(
+                &self,
+                threshold: u32,
+            ) -> $crate::store::StoreResult<$crate::domain::CircuitBreaker> {
+                let row: $crate::store::sql::BreakerRow = sqlx::query_as(
+                    "UPDATE compaction_breaker SET consecutive_failures = 0, is_open = FALSE, \
+                     opened_at = NULL, last_error = NULL WHERE id = 1 \
+                     RETURNING consecutive_failures, is_open, opened_at, last_error",
+                )
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(row.with_threshold(threshold))
+            }
         }
     };
 }
@@ -1150,6 +1512,53 @@ macro_rules! impl_explain_conflict {
                 .bind(message.created_at)
                 .bind(to_json(&message.reasoning)?)
                 .bind(message.status.as_str())
+                .execute(connection)
+                .await?;
+                Ok(())
+            }
+
+            /// Stores a compaction (its `through_seq` read from its last message) and closes
+            /// the circuit breaker: a successful compaction ends a run of failures.
+            async fn insert_compaction_row(
+                connection: &mut <$db as sqlx::Database>::Connection,
+                compaction: &$crate::domain::Compaction,
+            ) -> $crate::store::StoreResult<()> {
+                use $crate::store::sql::{COMPACTION_COLUMNS, text, to_i64};
+                let usage = compaction.usage;
+                let inserted = sqlx::query(&format!(
+                    "INSERT INTO compactions ({COMPACTION_COLUMNS}, through_seq) \
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                     $16, $17, seq FROM messages WHERE id = $5"
+                ))
+                .bind(compaction.id.0)
+                .bind(compaction.session_id.0)
+                .bind(compaction.run_id.map(|id| id.0))
+                .bind(compaction.trigger.as_str())
+                .bind(compaction.through_message_id.0)
+                .bind(i64::from(compaction.messages_summarised))
+                .bind(to_i64(compaction.tokens_before))
+                .bind(to_i64(compaction.tokens_after))
+                .bind(text(&compaction.summary))
+                .bind(text(&compaction.provider))
+                .bind(text(&compaction.model))
+                .bind(to_i64(usage.input_tokens))
+                .bind(to_i64(usage.output_tokens))
+                .bind(to_i64(usage.total_tokens))
+                .bind(to_i64(usage.reasoning_tokens))
+                .bind(usage.estimated)
+                .bind(compaction.created_at)
+                .execute(&mut *connection)
+                .await?;
+                if inserted.rows_affected() == 0 {
+                    return Err($crate::store::StoreError::Corrupt(format!(
+                        "compaction {}: its last message {} is not stored",
+                        compaction.id, compaction.through_message_id
+                    )));
+                }
+                sqlx::query(
+                    "UPDATE compaction_breaker SET consecutive_failures = 0, is_open = FALSE, \
+                     opened_at = NULL, last_error = NULL WHERE id = 1",
+                )
                 .execute(connection)
                 .await?;
                 Ok(())

@@ -22,8 +22,8 @@ impl SqliteStore {
     const SINGLE_PROCESS: bool = true;
     /// No row locks: a write transaction (`BEGIN IMMEDIATE`) excludes every other writer.
     const ROW_LOCK: &str = "";
-    /// The same: a write transaction excludes every other writer.
-    const ROW_LOCK_EXCLUSIVE: &str = "";
+    /// No row locks: the write transaction holds every row it reads.
+    const ROW_LOCK_UPDATE: &str = "";
 
     /// Opens (creating when missing) the database at a `sqlite://PATH` URL and migrates it.
     ///

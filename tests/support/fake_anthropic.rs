@@ -89,7 +89,13 @@ pub fn error_body(kind: &str, message: &str) -> Value {
 /// `(call id, tool name, arguments)` (its arguments in two `input_json_delta` pieces), then
 /// `tool_use` as the stop reason.
 pub fn tool_use_stream(calls: &[(&str, &str, Value)]) -> Vec<u8> {
-    let mut body = message_start(30);
+    tool_use_stream_with_usage(calls, 30)
+}
+
+/// Like [`tool_use_stream`], with `input_tokens` in `message_start` (e.g. the fake's count of
+/// the request, `fake_openai::prompt_tokens`).
+pub fn tool_use_stream_with_usage(calls: &[(&str, &str, Value)], input_tokens: u64) -> Vec<u8> {
+    let mut body = message_start(input_tokens);
     for (index, (id, name, arguments)) in calls.iter().enumerate() {
         let text = arguments.to_string();
         let (head, tail) = text.split_at(text.len() / 2);
@@ -118,4 +124,13 @@ pub fn text_start(text: &str) -> Vec<u8> {
     body.push_str(&event(&json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
     body.push_str(&text_delta(0, text));
     body.into_bytes()
+}
+
+/// Like [`text_stream`], with `input_tokens` in `message_start` (e.g. the fake's count of the
+/// request, `fake_openai::prompt_tokens`).
+pub fn text_stream_with_usage(deltas: &[&str], input_tokens: u64) -> Vec<u8> {
+    let plain = String::from_utf8(text_stream(deltas)).unwrap_or_default();
+    plain
+        .replacen(&message_start(10), &message_start(input_tokens), 1)
+        .into_bytes()
 }

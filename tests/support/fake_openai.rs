@@ -245,6 +245,10 @@ struct Shared {
     requests: Mutex<Vec<RecordedRequest>>,
     /// Response bodies dropped before they ended: the client closed the connection.
     abandoned: std::sync::atomic::AtomicUsize,
+    /// The context window enforced, in tokens (see [`FakeOpenAi::with_context_window`]).
+    window: Mutex<Option<u64>>,
+    /// Requests refused for not fitting the window.
+    rejected: std::sync::atomic::AtomicUsize,
 }
 
 /// Counts a body as abandoned when it is dropped before its end.
@@ -322,6 +326,23 @@ impl FakeOpenAi {
         self
     }
 
+    /// Refuses, from now on, every request whose prompt ([`prompt_tokens`]) plus its output
+    /// limit (`max_tokens` / `max_completion_tokens`) passes `window` tokens, with the error a
+    /// real provider answers: OpenAI's 400 `context_length_exceeded`, Anthropic's 400 "prompt is
+    /// too long" (or its "input length and `max_tokens` exceed context limit"). Refused requests
+    /// are recorded too, and counted by [`FakeOpenAi::rejected`].
+    pub fn with_context_window(&self, window: u64) -> &Self {
+        *lock(&self.shared.window) = Some(window);
+        self
+    }
+
+    /// How many requests were refused for not fitting the context window.
+    pub fn rejected(&self) -> usize {
+        self.shared
+            .rejected
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// How many response bodies the client abandoned (closed the connection before their end).
     pub fn abandoned(&self) -> usize {
         self.shared
@@ -372,6 +393,9 @@ fn answer(
         body,
     };
     lock(&shared.requests).push(request.clone());
+    if let Some(refusal) = window_refusal(shared, &request) {
+        return refusal.into_response(Arc::clone(shared));
+    }
     let responder = lock(&shared.responder).clone();
     let reply = responder
         .and_then(|responder| (responder.0)(&request))
@@ -550,4 +574,128 @@ pub fn text_of(events: &[ModelEvent]) -> String {
             _ => None,
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The context window
+
+/// The prompt tokens the fake counts for a request (`o200k_base`, over the wire JSON, roughly as
+/// a server renders a chat template): per message 4 tokens, the role, the text (strings and
+/// text parts or blocks), tool calls and tool uses as their JSON, tool results; the system
+/// prompt; the tools' JSON; 3 tokens priming the reply.
+pub fn prompt_tokens(body: &Value) -> u64 {
+    let count = |text: &str| behest::runtime::tokens::count_text(text);
+    let content = |content: &Value| -> u64 {
+        match content {
+            Value::String(text) => count(text),
+            Value::Array(blocks) => blocks
+                .iter()
+                .map(|block| match block["type"].as_str() {
+                    Some("text") => count(block["text"].as_str().unwrap_or_default()),
+                    Some("thinking") => count(block["thinking"].as_str().unwrap_or_default()),
+                    Some("tool_use") => {
+                        count(block["name"].as_str().unwrap_or_default())
+                            + count(&block["input"].to_string())
+                    }
+                    Some("tool_result") => match &block["content"] {
+                        Value::String(text) => count(text),
+                        other => count(&other.to_string()),
+                    },
+                    _ => count(&block.to_string()),
+                })
+                .sum(),
+            Value::Null => 0,
+            other => count(&other.to_string()),
+        }
+    };
+    let mut tokens = 3;
+    if let Some(system) = body.get("system") {
+        tokens += 4 + content(system);
+    }
+    for message in body["messages"].as_array().into_iter().flatten() {
+        tokens += 4 + count(message["role"].as_str().unwrap_or_default());
+        tokens += content(&message["content"]);
+        if let Some(calls) = message.get("tool_calls") {
+            tokens += count(&calls.to_string());
+        }
+        if let Some(id) = message["tool_call_id"].as_str() {
+            tokens += count(id);
+        }
+    }
+    if let Some(tools) = body.get("tools") {
+        tokens += count(&tools.to_string());
+    }
+    tokens
+}
+
+/// The output limit a request asks for.
+fn max_output(body: &Value) -> u64 {
+    ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .find_map(|key| body[*key].as_u64())
+        .unwrap_or(0)
+}
+
+/// The provider's refusal of a request that does not fit the enforced window, if one is set.
+fn window_refusal(shared: &Shared, request: &RecordedRequest) -> Option<Reply> {
+    let window = (*lock(&shared.window))?;
+    let prompt = prompt_tokens(&request.body);
+    let output = max_output(&request.body);
+    if prompt + output <= window {
+        return None;
+    }
+    shared
+        .rejected
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Some(if request.path == "/v1/messages" {
+        let message = if prompt > window {
+            format!("prompt is too long: {prompt} tokens > {window} maximum")
+        } else {
+            format!(
+                "input length and `max_tokens` exceed context limit: {prompt} + {output} > \
+                 {window}, decrease input length or `max_tokens` and try again"
+            )
+        };
+        Reply::status(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": message},
+                   "request_id": "req_011CRfake0000000000000001"}),
+        )
+    } else {
+        let message = format!(
+            "This model's maximum context length is {window} tokens. However, you requested {} \
+             tokens ({prompt} in the messages, {output} in the completion). Please reduce the \
+             length of the messages or completion.",
+            prompt + output
+        );
+        Reply::status(
+            400,
+            json!({"error": {"message": message, "type": "invalid_request_error",
+                             "param": "messages", "code": "context_length_exceeded"}}),
+        )
+    })
+}
+
+/// Like [`text_stream`], reporting `prompt_tokens` (e.g. [`prompt_tokens`] of the request) as
+/// the usage's prompt tokens.
+pub fn text_stream_with_usage(deltas: &[&str], prompt_tokens: u64) -> Vec<u8> {
+    let mut body = chunk(
+        json!({"role": "assistant", "content": "", "refusal": null}),
+        None,
+    );
+    for delta in deltas {
+        body.push_str(&chunk(json!({"content": delta}), None));
+    }
+    body.push_str(&chunk(json!({}), Some("stop")));
+    body.push_str(&usage_chunk(prompt_tokens, deltas.len() as u64, 0));
+    body.push_str(DONE);
+    body.into_bytes()
+}
+
+/// Like [`tool_calls_stream`], reporting `prompt_tokens` as the usage's prompt tokens.
+pub fn tool_calls_stream_with_usage(calls: &[(&str, &str, Value)], prompt_tokens: u64) -> Vec<u8> {
+    let plain = String::from_utf8(tool_calls_stream(calls)).unwrap_or_default();
+    plain
+        .replace(&usage_chunk(20, 8, 0), &usage_chunk(prompt_tokens, 8, 0))
+        .into_bytes()
 }

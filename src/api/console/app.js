@@ -12,8 +12,8 @@ const EVENT_TYPES = [
   'reasoning_delta', 'tool_call_started', 'tool_call_delta', 'tool_call_completed',
   'tool_execution_started', 'tool_execution_finished', 'assistant_message_committed',
   'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
-  'run_cancelled', 'doom_loop_detected', 'compaction_started', 'compaction_completed',
-  'compaction_failed', 'compaction_circuit_opened', 'run_resumed', 'tool_calls_required',
+  'run_cancelled', 'doom_loop_detected', 'context_compacted', 'compaction_circuit_opened',
+  'run_resumed', 'tool_calls_required',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -192,6 +192,16 @@ function toolCard(parent, name) {
   return { card, args, result };
 }
 
+/** A compaction in a transcript: what it summarised, the token counts, the summary. */
+function compactionNote(parent, compaction) {
+  const node = note(parent, 'muted compaction', 'Context compacted (' + compaction.trigger + '): '
+    + compaction.messages_summarised + ' messages summarised, ' + compaction.tokens_before
+    + ' → ' + compaction.tokens_after + ' tokens');
+  const summary = el('pre', 'summary', compaction.summary);
+  node.append(summary);
+  return node;
+}
+
 async function openSession(sessionId) {
   closeView();
   setState('loading…', 'loading');
@@ -201,6 +211,11 @@ async function openSession(sessionId) {
   try {
     const messages = await api('/sessions/' + sessionId + '/messages');
     const cards = new Map();
+    // Where each compaction happened: after the last message its summary covers.
+    const compactedAt = new Map();
+    for (const compaction of messages.compactions || []) {
+      compactedAt.set(compaction.through_message_id, compaction);
+    }
     for (const message of messages.messages || []) {
       const text = (message.content || []).map((part) =>
         part.type === 'text' ? part.text : part.type === 'json' ? json(part.value) : '').join('');
@@ -221,6 +236,8 @@ async function openSession(sessionId) {
         const card = cards.get(message.tool_call_id) || toolCard(transcript, message.tool_name || 'tool');
         card.result.textContent = '→ ' + text;
       }
+      const compaction = compactedAt.get(message.id);
+      if (compaction) compactionNote(transcript, compaction);
     }
     setState('session …' + short(sessionId), 'idle');
   } catch (error) {
@@ -420,11 +437,13 @@ function apply(current, transcript, event) {
     case 'doom_loop_detected':
       note(transcript, 'doom', 'Doom loop detected: ' + event.description);
       break;
-    case 'compaction_started':
-    case 'compaction_completed':
-    case 'compaction_failed':
+    case 'context_compacted':
+      current.bubble = null;
+      compactionNote(transcript, event);
+      break;
     case 'compaction_circuit_opened':
-      note(transcript, 'muted', event.type.replace(/_/g, ' '));
+      note(transcript, 'error', 'Compaction circuit breaker opened after '
+        + event.consecutive_failures + ' failed compactions: no compaction is attempted until it is reset.');
       break;
     case 'run_resumed':
       // The server restarted. The model call that began at `abandoned_after` was cut off and is

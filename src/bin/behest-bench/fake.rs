@@ -4,7 +4,9 @@
 //! a usage chunk when `stream_options.include_usage` is set, and `data: [DONE]`.
 //!
 //! Token `k` (from 1) is the text `" t{k}"`, so a reader can tell a lost, duplicated or
-//! reordered token from the text alone. Every request is recorded in memory under its tag (the
+//! reordered token from the text alone. The usage's `prompt_tokens` is the request's
+//! `o200k_base` count (4 per message, its text, 3 priming the reply), as a server would report
+//! it: behest calibrates its context estimates by it. Every request is recorded in memory under its tag (the
 //! text of its last user message): when it arrived, when each token was written, when the
 //! body ended and whether it ended normally or because the client went away.
 
@@ -150,6 +152,10 @@ impl FakeProvider {
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .with_state(shared.clone());
+        // The prompt counts use the tokenizer: its tables load before the first request.
+        tokio::task::spawn_blocking(|| behest::runtime::tokens::Tokenizer::O200k.warm_up())
+            .await
+            .map_err(|e| crate::BenchError(e.to_string()))?;
         let listener = tokio::net::TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         // Small SSE writes must leave at once: a model's tokens are never held back by Nagle.
@@ -220,6 +226,28 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The request's prompt tokens: per message 4, plus its text (`o200k_base`), plus 3 priming the
+/// reply.
+fn prompt_tokens(request: &Value) -> u64 {
+    let messages = request["messages"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    3 + messages
+        .iter()
+        .map(|message| {
+            let text = match &message["content"] {
+                Value::String(text) => text.clone(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|part| part["text"].as_str())
+                    .collect(),
+                _ => String::new(),
+            };
+            4 + behest::runtime::tokens::count_text(&text)
+        })
+        .sum::<u64>()
+}
+
 /// The text of the last user message (`content` as a string or as text parts).
 fn last_user_text(request: &Value) -> String {
     let Some(messages) = request["messages"].as_array() else {
@@ -285,6 +313,7 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
         profile,
         gate,
         include_usage: request["stream_options"]["include_usage"] == true,
+        prompt_tokens: prompt_tokens(&request),
         prefix: chunk_prefix(&model),
         next: 0,
         first_token: None,
@@ -319,6 +348,7 @@ struct Paced {
     profile: Profile,
     gate: Option<watch::Receiver<bool>>,
     include_usage: bool,
+    prompt_tokens: u64,
     prefix: String,
     next: u32,
     first_token: Option<tokio::time::Instant>,
@@ -358,13 +388,14 @@ impl Paced {
         );
         if self.include_usage {
             let completion = self.profile.tokens;
+            let prompt = self.prompt_tokens;
             end.push_str(&format!(
-                "{}\"choices\":[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":{completion},\
+                "{}\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\
                  \"total_tokens\":{},\"prompt_tokens_details\":{{\"cached_tokens\":0,\"audio_tokens\":0}},\
                  \"completion_tokens_details\":{{\"reasoning_tokens\":0,\"audio_tokens\":0,\
                  \"accepted_prediction_tokens\":0,\"rejected_prediction_tokens\":0}}}}}}\n\n",
                 self.prefix,
-                12 + completion
+                prompt + u64::from(completion),
             ));
         }
         end.push_str("data: [DONE]\n\n");

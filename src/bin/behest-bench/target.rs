@@ -213,10 +213,17 @@ pub fn config_toml(fake_base_url: &str, models: &[&str], lease_ttl_ms: Option<u6
          total_ms = 1800000\n"
     ));
     for model in models {
+        let window = if *model == crate::figures::MODEL_COMPACT {
+            crate::figures::COMPACT_WINDOW
+        } else {
+            128_000
+        };
         toml.push_str(&format!(
-            "\n[providers.fake.models.{model}]\ncontext_window = 128000\nmax_output_tokens = 1024\n"
+            "\n[providers.fake.models.{model}]\ncontext_window = {window}\nmax_output_tokens = 1024\n"
         ));
     }
+    // Settings every model's window fits; only the small one's sessions grow past them.
+    toml.push_str("\n[compaction]\nbuffer_tokens = 1000\nkeep_tokens = 2000\ntail_turns = 2\n");
     toml
 }
 

@@ -810,6 +810,20 @@ fn prompt_too_long_is_context_length_exceeded() {
         "prompt is too long: 208310 tokens > 200000 maximum",
     );
     assert_eq!(class_of(400, &body), ErrorClass::ContextLengthExceeded);
+    // The recorded bodies (tests/fixtures/context_length/).
+    for file in ["anthropic.json", "anthropic_max_tokens.json"] {
+        let path = format!(
+            "{}/tests/fixtures/context_length/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let body: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
+            .unwrap_or(Value::Null);
+        assert_eq!(
+            class_of(400, &body),
+            ErrorClass::ContextLengthExceeded,
+            "{file}"
+        );
+    }
 }
 
 #[test]

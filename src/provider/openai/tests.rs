@@ -1133,6 +1133,27 @@ fn context_length_wordings_of_compatible_servers_are_classified() {
             "{body}"
         );
     }
+    // The recorded bodies of each server (tests/fixtures/context_length/), with their status.
+    for (file, status) in [
+        ("openai.json", 400),
+        ("vllm_legacy.json", 400),
+        ("vllm.json", 400),
+        ("llamacpp.json", 400),
+        ("ollama.json", 500),
+        ("lmstudio.json", 400),
+    ] {
+        let path = format!(
+            "{}/tests/fixtures/context_length/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let body = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(!body.is_empty(), "{path}");
+        assert_eq!(
+            class_of(status, &body),
+            ErrorClass::ContextLengthExceeded,
+            "{file}"
+        );
+    }
     let llamacpp = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#;
     assert_eq!(
         classify(None, &ErrorDetail::from_body(llamacpp.as_bytes())),

@@ -5,6 +5,8 @@
 import { createClient } from './generated/client';
 import {
   createRun,
+  getCircuitBreaker,
+  getCompactionConfig,
   getRun,
   getRunOutput,
   listSessionMessages,
@@ -74,6 +76,8 @@ export function describe(event: AgentEvent): string {
       return `waiting for ${event.tool_calls
         .map((call) => `${call.tool_name} (${call.kind}, ${call.call_id})`)
         .join(', ')} until ${event.expires_at}`;
+    case 'context_compacted':
+      return `context compacted (${event.trigger}): ${event.messages_summarised} messages, ${event.tokens_before} → ${event.tokens_after} tokens`;
     default:
       return unreachable(event);
   }
@@ -151,6 +155,12 @@ export async function demo(baseUrl: string): Promise<void> {
       path: { session_id: session.id },
       throwOnError: true,
     });
-    console.log(session.id, messages.data.messages.length);
+    console.log(session.id, messages.data.messages.length, messages.data.compactions.length);
   }
+  const compaction = await getCompactionConfig({ client, throwOnError: true });
+  const breaker = await getCircuitBreaker({ client, throwOnError: true });
+  console.log(
+    `compaction: auto ${compaction.data.auto}, keep ${compaction.data.keep_tokens} tokens; ` +
+      `breaker ${breaker.data.is_open ? 'open' : 'closed'} (${breaker.data.consecutive_failures}/${breaker.data.threshold})`,
+  );
 }

@@ -19,6 +19,7 @@ use crate::target::{Backend, Database};
 use crate::{BenchError, Result};
 
 mod cancel;
+mod compaction;
 mod fanout;
 mod idle_memory;
 mod latency;
@@ -41,8 +42,12 @@ pub const MODEL_IDLE: &str = "bench-idle";
 pub const MODEL_CANCEL: &str = "bench-cancel";
 /// A slow answer, interrupted by a crash mid-stream and resumed by the next process.
 pub const MODEL_RESTART: &str = "bench-restart";
+/// Long sessions against a small window (8,000 tokens), no pacing: compaction.
+pub const MODEL_COMPACT: &str = "bench-compact";
+/// The context window of [`MODEL_COMPACT`], in tokens (the other models have 128,000).
+pub const COMPACT_WINDOW: u32 = 8_000;
 /// Every model behest is configured with.
-pub const MODELS: [&str; 7] = [
+pub const MODELS: [&str; 8] = [
     MODEL_DEFAULT,
     MODEL_SHORT,
     MODEL_FAST,
@@ -50,6 +55,7 @@ pub const MODELS: [&str; 7] = [
     MODEL_IDLE,
     MODEL_CANCEL,
     MODEL_RESTART,
+    MODEL_COMPACT,
 ];
 
 /// Connections opened at once when many watchers connect.
@@ -126,6 +132,10 @@ impl Plan {
                 Profile::ms(0, cancel_interval, 100_000),
             ),
             (MODEL_RESTART.to_owned(), self.restart_profile),
+            (
+                MODEL_COMPACT.to_owned(),
+                Profile::ms(0, 0, self.profile.tokens),
+            ),
         ])
     }
 }
@@ -153,6 +163,9 @@ pub enum Figure {
     Cancel,
     /// SIGKILL with runs mid-stream, restart → ready, runs resumed, runs completed.
     Restart,
+    /// The compaction check per model call at 10, 100 and 1,000 messages; the summariser's
+    /// cost for a 200-turn session.
+    Compaction,
 }
 
 /// Everything a figure needs; cheap to clone into tasks.
@@ -401,6 +414,11 @@ pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec
     if wants(Figure::Restart) {
         step("restart after a crash");
         rows.extend(restart::restart(ctx).await?);
+    }
+    if wants(Figure::Compaction) {
+        step("compaction check and a 200-turn session");
+        rows.extend(compaction::check(ctx));
+        rows.extend(compaction::session_cost(ctx).await?);
     }
     if wants(Figure::Throughput) {
         step("sustained short runs");
