@@ -10,6 +10,9 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
+mod ops;
+pub use ops::{ApiKeys, AuthConfig, KeyHash, LimitsConfig, TelemetryConfig};
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -30,6 +33,12 @@ pub struct Config {
     /// Built-in tools to offer, by name (`builtin_tools = ["current_time"]`); see
     /// `tools::builtin`. Default none (the no-config demo adds `current_time`).
     pub builtin_tools: Vec<String>,
+    /// Bearer API keys (`[auth]`).
+    pub auth: AuthConfig,
+    /// CORS and per-client limits (`[limits]`).
+    pub limits: LimitsConfig,
+    /// Metrics and trace export (`[telemetry]`).
+    pub telemetry: TelemetryConfig,
 }
 
 impl Default for Config {
@@ -42,6 +51,9 @@ impl Default for Config {
             mcp_servers: BTreeMap::new(),
             http_tools: BTreeMap::new(),
             builtin_tools: Vec::new(),
+            auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -95,6 +107,10 @@ pub struct RuntimeConfig {
     pub event_retention_secs: Option<u64>,
     /// Runs whose events one retention transaction removes at most; default 100.
     pub retention_batch_runs: u32,
+    /// Runs active in this process at once at most (new and resumed ones count); a create
+    /// beyond it is refused with `429 too_many_active_runs` and `Retry-After` (not queued).
+    /// Default: unlimited.
+    pub max_active_runs: Option<usize>,
 }
 
 /// `[runtime] recovery`: what becomes of a run whose process died.
@@ -145,9 +161,15 @@ pub enum McpServerConfig {
         /// Its arguments.
         #[serde(default)]
         args: Vec<String>,
-        /// Extra environment variables.
+        /// Environment variables set for it. The child does not inherit the server's
+        /// environment (which holds provider API keys): it gets `PATH`, `HOME` and the locale
+        /// (`LANG`, `LANGUAGE`, `LC_*`), then the variables `inherit_env` names, then these.
         #[serde(default)]
         env: BTreeMap<String, String>,
+        /// Variables of the server's environment passed on to the child by name (e.g.
+        /// `["GITHUB_TOKEN"]`); default none.
+        #[serde(default)]
+        inherit_env: Vec<String>,
         /// Its tools that are safe to execute twice (re-executed when a crash cut a call off).
         #[serde(default)]
         idempotent_tools: Vec<String>,
@@ -210,6 +232,7 @@ impl Default for RuntimeConfig {
             shutdown_grace_ms: 10_000,
             event_retention_secs: None,
             retention_batch_runs: 100,
+            max_active_runs: None,
         }
     }
 }
@@ -580,6 +603,7 @@ impl Config {
         if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {
             return Err(ConfigError::Check((*message).to_owned()));
         }
+        self.resolve_operations()?;
         for (id, provider) in &mut self.providers {
             if provider.kind != ProviderKind::Scripted
                 && !provider.base_url.starts_with("http://")
@@ -647,6 +671,74 @@ impl Config {
             }
         }
         Ok(self)
+    }
+}
+
+impl Config {
+    /// Checks `[auth]`, `[limits]`, `[telemetry]` and `max_active_runs`, and adds the keys of
+    /// `[auth] keys_env`.
+    fn resolve_operations(&mut self) -> Result<(), ConfigError> {
+        let check = |ok: bool, message: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::Check(message.to_owned()))
+            }
+        };
+        let limits = &self.limits;
+        check(
+            limits.runs_per_minute.is_none_or(|n| n >= 1),
+            "limits.runs_per_minute must be at least 1 (leave it unset for no limit)",
+        )?;
+        check(
+            limits.runs_burst.is_none_or(|n| n >= 1),
+            "limits.runs_burst must be at least 1",
+        )?;
+        check(
+            limits.runs_burst.is_none() || limits.runs_per_minute.is_some(),
+            "limits.runs_burst needs limits.runs_per_minute",
+        )?;
+        check(
+            limits.max_watchers.is_none_or(|n| n >= 1)
+                && limits.max_watchers_per_key.is_none_or(|n| n >= 1),
+            "limits.max_watchers and limits.max_watchers_per_key must be at least 1",
+        )?;
+        check(
+            self.runtime.max_active_runs.is_none_or(|n| n >= 1),
+            "runtime.max_active_runs must be at least 1",
+        )?;
+        for origin in &limits.cors_allowed_origins {
+            let plain = origin == "*"
+                || ((origin.starts_with("http://") || origin.starts_with("https://"))
+                    && !origin.trim_end_matches('/').contains(['?', '#', ' '])
+                    && origin.bytes().all(|b| b.is_ascii_graphic()));
+            if !plain {
+                return Err(ConfigError::Check(format!(
+                    "limits.cors_allowed_origins: `{origin}` is not an origin (e.g. \
+                     \"https://app.example.com\", or \"*\")"
+                )));
+            }
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint {
+            check(
+                endpoint.starts_with("http://") || endpoint.starts_with("https://"),
+                "telemetry.otlp_endpoint must start with http:// or https://",
+            )?;
+        }
+        if let Some(var) = &self.auth.keys_env {
+            let text = std::env::var(var)
+                .ok()
+                .filter(|text| !text.trim().is_empty())
+                .ok_or_else(|| {
+                    ConfigError::Check(format!(
+                        "auth.keys_env names `{var}`, which is not set or empty"
+                    ))
+                })?;
+            self.auth.keys.extend_from(&text).map_err(|message| {
+                ConfigError::Check(format!("auth.keys_env `{var}`: {message}"))
+            })?;
+        }
+        Ok(())
     }
 }
 

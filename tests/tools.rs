@@ -32,6 +32,7 @@ fn stdio_fixture(log: &Path) -> BTreeMap<String, McpServerConfig> {
             idempotent_tools: Vec::new(),
             command: FIXTURE.to_owned(),
             args: Vec::new(),
+            inherit_env: Vec::new(),
             env: BTreeMap::from([(
                 "BEHEST_MCP_FIXTURE_LOG".to_owned(),
                 log.display().to_string(),
@@ -281,6 +282,7 @@ async fn a_server_that_cannot_start_is_named() {
             idempotent_tools: Vec::new(),
             command: "/nonexistent/behest-no-such-server".to_owned(),
             args: Vec::new(),
+            inherit_env: Vec::new(),
             env: BTreeMap::new(),
         },
     )]);
@@ -299,6 +301,7 @@ async fn a_server_that_cannot_start_is_named() {
             idempotent_tools: Vec::new(),
             command: "true".to_owned(),
             args: Vec::new(),
+            inherit_env: Vec::new(),
             env: BTreeMap::new(),
         },
     )]);

@@ -13,6 +13,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{Json, Query};
 use super::page::RunListQuery;
+use super::auth::Caller;
+use super::limits::WatcherPermit;
 use super::{ApiError, AppState, Problem};
 use crate::domain::{
     CreateRunRequest, CreateRunResponse, FinishReason, Role, RunId, RunOutput, RunRecord, RunStatus,
@@ -39,9 +41,11 @@ async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
 /// missing `client_request_id`.
 async fn start_run(
     state: &AppState,
+    caller: Caller,
     headers: &HeaderMap,
     mut request: CreateRunRequest,
 ) -> Result<CreatedRun, ApiError> {
+    state.limits.admit_run(caller)?;
     if let Some(key) = headers.get("idempotency-key") {
         let key = key.to_str().map_err(|_| {
             ApiError::new(
@@ -116,14 +120,17 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`shutting_down`: the server is draining its runs before it stops and admits none; retry after `Retry-After` seconds (the next process, or another replica, takes the run)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+        (status = 429, description = "`rate_limited`: this API key created runs faster than `[limits] runs_per_minute`; `too_many_active_runs`: `[runtime] max_active_runs` runs are active (a create is refused, not queued); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 422, description = "`missing_field` (a required field is absent), `invalid_field` (empty or blank, NUL character, `metadata` not an object or over 16384 bytes, `max_iterations` out of range, `tool_choice` without tools), `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body` (not a JSON object, a field of the wrong type, an unknown field); `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     Json(request): Json<CreateRunRequest>,
 ) -> Result<Response, ApiError> {
-    let created = start_run(&state, &headers, request).await?;
+    let created = start_run(&state, caller, &headers, request).await?;
     let body = CreateRunResponse {
         run_id: created.record.id,
         session_id: created.record.session_id,
@@ -153,21 +160,26 @@ pub async fn create_run(
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "`run_events_expired`: an identical earlier request created the run, which has ended and whose events retention removed (`GET /runs/{run_id}` still answers)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`shutting_down`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "`shutting_down`: as `POST /runs`; `too_many_watchers`: `[limits] max_watchers` event streams are open, or `max_watchers_per_key` for this API key (no run is started)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+        (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 422, description = "As `POST /runs`: `missing_field`, `invalid_field`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run_stream(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     Json(request): Json<CreateRunRequest>,
 ) -> Result<Response, ApiError> {
-    let created = start_run(&state, &headers, request).await?;
+    // The stream's place is taken before the run starts: a refused stream starts no run.
+    let permit = state.limits.open_watcher(caller)?;
+    let created = start_run(&state, caller, &headers, request).await?;
     if created.record.events_removed_at.is_some() {
         return Err(events_expired(&created.record));
     }
     // A retry with the same key attaches to the existing run's stream, from sequence 1.
-    let mut response = event_stream(&state, created.record.id, 0);
+    let mut response = event_stream(&state, created.record.id, 0, permit);
     response.headers_mut().extend(run_headers(&created)?);
     Ok(response)
 }
@@ -381,11 +393,12 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
         (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "`run_events_expired`: the run ended more than `[runtime] event_retention_secs` ago and its events were removed (its record, session and messages are kept)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`shutting_down`: the server is draining before it stops; reconnect after `Retry-After` seconds (to the next process, which continues the stream from `Last-Event-ID`)", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "`shutting_down`: the server is draining before it stops; reconnect after `Retry-After` seconds (to the next process, which continues the stream from `Last-Event-ID`). `too_many_watchers`: `[limits] max_watchers` event streams are open, or `max_watchers_per_key` for this API key; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
     ))]
 pub async fn watch_run_events(
     State(state): State<AppState>,
+    caller: Caller,
     Path(raw_id): Path<String>,
     headers: HeaderMap,
     Query(query): Query<WatchQuery>,
@@ -417,7 +430,8 @@ pub async fn watch_run_events(
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
     }
-    Ok(event_stream(&state, record.id, after))
+    let permit = state.limits.open_watcher(caller)?;
+    Ok(event_stream(&state, record.id, after, permit))
 }
 
 /// 410 `run_events_expired` for a run whose events retention removed.
@@ -432,8 +446,9 @@ fn events_expired(record: &RunRecord) -> ApiError {
 }
 
 /// The SSE response of a watch: frames `id:`/`event:`/`data:`, keep-alives, no caching or
-/// proxy buffering; it ends after the terminal event or at shutdown.
-fn event_stream(state: &AppState, run_id: RunId, after: u64) -> Response {
+/// proxy buffering; it ends after the terminal event or at shutdown. `permit` counts it
+/// against the watcher caps while it is open.
+fn event_stream(state: &AppState, run_id: RunId, after: u64, permit: WatcherPermit) -> Response {
     let events = state
         .runtime
         .watch(run_id, after)
@@ -444,7 +459,8 @@ fn event_stream(state: &AppState, run_id: RunId, after: u64) -> Response {
             std::future::ready(item.is_ok())
         })
         .filter_map(|item| std::future::ready(item.ok()))
-        .map(|event| {
+        .map(move |event| {
+            let _open = &permit;
             Ok::<_, Infallible>(
                 Event::default()
                     .id(event.sequence.to_string())

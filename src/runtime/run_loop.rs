@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::model_turn::{TurnError, read_model_stream};
+use super::model_turn::{TurnError, call_model};
 use super::recovery::{self, Next, PendingCalls};
 use super::tokens::{Reply, TokenCounter};
 use super::tool_exec::{
@@ -359,14 +359,11 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             tool_choice: tool_choice_for(&record.tool_choice, iteration),
             max_output_tokens: Some(model.max_output_tokens),
         };
-        // The request goes out while `model_started` is being committed: the provider's answer
-        // is only read once the event is durable, so nothing of the call precedes it in the log.
-        let (logged, stream) =
-            tokio::join!(emitter.emit_all(events), entry.provider.stream(request));
-        logged?;
-        let turn = read_model_stream(emitter, stream?)
-            .await
-            .map_err(|e| RunFailure::from_turn(e, &record.provider))?;
+        // The request goes out while `model_started` is being committed (see `call_model`).
+        let (turn, call) =
+            call_model(emitter, &entry, &record.provider, request, events, iteration)
+                .await
+                .map_err(|e| RunFailure::from_turn(e, &record.provider))?;
 
         // A call without reported usage is estimated with the tokenizer, and marked so.
         let usage = turn.usage.unwrap_or_else(|| {
@@ -377,6 +374,7 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             };
             counter.estimate(&progress.history, &progress.tools, &reply)
         });
+        call.finish(&turn, &usage);
         progress.total_usage += usage;
         let recorded = RunChange {
             progress: Some((iteration, progress.total_usage)),
@@ -534,6 +532,7 @@ async fn run_tools(
             .and_then(|d| d.observe(turn_calls))
         {
             Some(description) => {
+                crate::telemetry::metrics::doom_loop();
                 emitter
                     .emit(EventPayload::DoomLoopDetected(DoomLoopDetected {
                         description: description.clone(),
