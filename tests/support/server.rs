@@ -205,6 +205,19 @@ impl TestServer {
             .expect("JSON")
     }
 
+    /// `GET path` with `Authorization: Bearer key`, as JSON.
+    pub async fn get_json_with(&self, path: &str, key: &str) -> Value {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("GET")
+            .json()
+            .await
+            .expect("JSON")
+    }
+
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.runtime.shutdown(Duration::from_secs(2)).await;
