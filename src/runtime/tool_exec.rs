@@ -18,6 +18,7 @@ use crate::events::{
 };
 use crate::store::{RunChange, Store, StoreError};
 use crate::telemetry;
+use crate::tools::ToolError;
 
 use super::event_log::LogError;
 
@@ -199,7 +200,14 @@ async fn run_tool(
         let timeout = Duration::from_millis(config.tool_timeout_ms);
         match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await
         {
-            Ok(result) => result.map_err(|e| ("tool_error", e.to_string())),
+            Ok(result) => result.map_err(|error| {
+                let error_type = match &error {
+                    ToolError::UnknownTool(_) => "tool_not_found",
+                    ToolError::InvalidArguments { .. } => "invalid_arguments",
+                    ToolError::Failed(_) => "tool_error",
+                };
+                (error_type, error.to_string())
+            }),
             Err(_) => Err((
                 "timeout",
                 format!(

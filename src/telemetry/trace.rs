@@ -121,6 +121,9 @@ pub fn init(config: &TelemetryConfig) -> Result<Option<String>, ExportError> {
         (None, Some(from_env)) => from_env,
         (None, None) => return Ok(None),
     };
+    // The exporter's HTTP client needs a process-wide rustls provider; an error only means
+    // one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_http();
     if config.otlp_endpoint.is_some() {
         exporter = exporter.with_endpoint(endpoint.clone());
