@@ -101,10 +101,13 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
         .and_then(TraceContext::from_traceparent)
 }
 
-/// Start a run (proto `RunService.CreateRun`). Returns at once; watch its events at
-/// `/runs/{run_id}/events`. A W3C `traceparent` header sets the events' `trace_id`.
+/// Start a run (proto `RunService.CreateRun`).
+///
+/// Returns at once; watch its events at `/runs/{run_id}/events`. A W3C `traceparent` header
+/// continues the caller's trace: it sets the events' `trace_id`, and the run's span is a child
+/// of the caller's.
 #[utoipa::path(post, path = "/runs", tag = "runs",
-    request_body = CreateRunRequest,
+    request_body(content = CreateRunRequest, description = "The run: provider, model and input, optionally a session to continue, tools, tool choice, limits and metadata"),
     params(
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
         ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Stands in for `client_request_id`"),
@@ -141,10 +144,11 @@ pub async fn create_run(
 }
 
 /// Start a run and stream its events from sequence 1 (proto `RunService.CreateRunStream`).
+///
 /// The response's `X-Run-Id` header names the run; a client that disconnects resumes at
 /// `/runs/{run_id}/events` with `Last-Event-ID`. Disconnecting never cancels the run.
 #[utoipa::path(post, path = "/runs/stream", tag = "runs",
-    request_body = CreateRunRequest,
+    request_body(content = CreateRunRequest, description = "The run: provider, model and input, optionally a session to continue, tools, tool choice, limits and metadata"),
     params(
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
         ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Stands in for `client_request_id`; a retry attaches to the existing run's stream from sequence 1"),
@@ -193,7 +197,11 @@ pub struct ListRunsResponse {
     pub next_cursor: Option<String>,
 }
 
-/// List runs, newest first, optionally by session and status (proto `RunService.ListRuns`).
+/// List runs, newest first (proto `RunService.ListRuns`).
+///
+/// Optionally only one session's runs, or those with one status. Pass `next_cursor` back as
+/// `cursor` for the next page; a page ends at `limit` runs or once its JSON passes the
+/// server's byte budget (`runtime.max_page_bytes`).
 #[utoipa::path(get, path = "/runs", tag = "runs",
     params(RunListQuery),
     responses(
@@ -218,6 +226,9 @@ pub async fn list_runs(
 }
 
 /// Read a run (proto `RunService.GetRun`).
+///
+/// Its record as it is now: status, iterations, usage so far, finish reason and error once it
+/// ended.
 #[utoipa::path(get, path = "/runs/{run_id}", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
@@ -232,6 +243,9 @@ pub async fn get_run(
 }
 
 /// What a finished run produced (proto `RunService.GetRunOutput`).
+///
+/// Its assistant messages, finish reason, iterations and total usage; `409 run_not_finished`
+/// while it is still active.
 #[utoipa::path(get, path = "/runs/{run_id}/output", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
@@ -286,8 +300,9 @@ pub struct CancelQuery {
     wait: bool,
 }
 
-/// Cancel a run (proto `RunService.CancelRun`): stops the model call and the loop and ends the
-/// run with one `run_cancelled`. Every cancel of an active run gets `202` (`200` with
+/// Cancel a run (proto `RunService.CancelRun`).
+///
+/// Stops the model call and the loop and ends the run with one `run_cancelled`. Every cancel of an active run gets `202` (`200` with
 /// `wait=true` once the run is terminal), also when a concurrent cancel ended the run while
 /// this request was being handled. A run that had finished before the request arrived is left
 /// alone (409 with its status).
@@ -376,8 +391,11 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
         })
 }
 
-/// Watch a run's events (proto `RunService.WatchRunEvents`): replay after the cursor, then live,
-/// each sequence exactly once, ending after the terminal event. Keep-alive comments every ~15 s.
+/// Watch a run's events (proto `RunService.WatchRunEvents`).
+///
+/// Replay after the cursor, then live, each sequence exactly once, ending after the terminal
+/// event. Keep-alive comments every ~15 s. A browser `EventSource` cannot set headers: it may
+/// pass the API key as `?access_token=` (this route only; never logged).
 /// When the server shuts down the stream ends early, with no terminal event: reconnect with
 /// `Last-Event-ID` (as `EventSource` does by itself) to continue at the next process, gaplessly.
 #[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",

@@ -58,6 +58,10 @@ pub struct ListSessionsResponse {
 }
 
 /// List sessions, newest first.
+///
+/// A page of sessions by last activity, newest first; pass `next_cursor` back as `cursor` for
+/// the next page. The page ends at `limit` sessions or once its JSON passes the server's byte
+/// budget (`runtime.max_page_bytes`).
 #[utoipa::path(get, path = "/sessions", tag = "sessions",
     params(ListSessionsQuery),
     responses(
@@ -83,6 +87,9 @@ pub async fn list_sessions(
 }
 
 /// Read a session.
+///
+/// The session's record: its id, when it was created and when it was last active (its
+/// messages are at `/sessions/{session_id}/messages`, its runs at `/runs?session_id=`).
 #[utoipa::path(get, path = "/sessions/{session_id}", tag = "sessions",
     params(("session_id" = String, Path, format = Uuid, description = "Session id")),
     responses(
@@ -117,7 +124,9 @@ pub struct MessagesQuery {
     cursor: Option<String>,
 }
 
-/// A session's message history: roles, content parts, tool calls and tool results. The answer
+/// A session's message history.
+///
+/// Its messages oldest first: roles, content parts, tool calls and tool results. The answer
 /// stops once its messages pass the server's byte budget (`runtime.max_page_bytes`, default
 /// 1 MiB; the message that passes it is included); `next_cursor` continues.
 #[utoipa::path(get, path = "/sessions/{session_id}/messages", tag = "sessions",
@@ -162,6 +171,9 @@ pub async fn list_session_messages(
 }
 
 /// Delete a session with its runs, messages and events.
+///
+/// Everything stored of the session goes, in one transaction. A session with an active run is
+/// not deleted (409 `session_busy`): cancel the run first.
 #[utoipa::path(delete, path = "/sessions/{session_id}", tag = "sessions",
     params(("session_id" = String, Path, format = Uuid, description = "Session id")),
     responses(
