@@ -505,11 +505,19 @@ impl Config {
             .filter(|key| {
                 key != "config" && !key.as_str().to_ascii_lowercase().starts_with("test_")
             });
-        let config: Config = figment
+        let mut config: Config = figment
             .merge(env)
             .merge(Serialized::defaults(overrides))
             .extract()
             .map_err(ConfigError::from_figment)?;
+        // figment reads an environment value that looks like a number as one (a key of digits
+        // would lose its leading zeros): the keys are read again as the text they are.
+        if let Ok(text) = std::env::var("BEHEST_AUTH__KEYS") {
+            config.auth.keys = ApiKeys::default();
+            config.auth.keys.extend_from(&text).map_err(|message| {
+                ConfigError::Check(format!("BEHEST_AUTH__KEYS: {message}"))
+            })?;
+        }
         config.resolved()
     }
 

@@ -29,14 +29,14 @@ pub struct AuthConfig {
 pub struct KeyHash(pub [u8; 32]);
 
 impl KeyHash {
-    /// The digest of `key` as presented by a client.
+    /// The digest of `key` as presented by a client (SHA-256 of its UTF-8 bytes).
     #[must_use]
     pub fn of(key: &str) -> Self {
         Self(Sha256::digest(key.as_bytes()).into())
     }
 
     /// `key`'s digest: parsed from `sha256:<64 hex>`, else computed from the key itself.
-    /// `None` for an empty key or a malformed `sha256:` value (the message never holds it).
+    /// An error for an empty key or a malformed `sha256:` value (the message never holds it).
     fn parse(key: &str) -> Result<Self, &'static str> {
         let key = key.trim();
         if key.is_empty() {
@@ -105,6 +105,20 @@ impl<'de> Deserialize<'de> for ApiKeys {
                 let mut keys = ApiKeys::default();
                 keys.extend_from(text).map_err(E::custom)?;
                 Ok(keys)
+            }
+            // An environment variable's text is parsed into a number or a boolean when it
+            // looks like one; `Config::load` reads `BEHEST_AUTH__KEYS` again as text.
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<ApiKeys, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<ApiKeys, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<ApiKeys, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<ApiKeys, E> {
+                self.visit_str(&b.to_string())
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
