@@ -514,9 +514,11 @@ impl Config {
         // would lose its leading zeros): the keys are read again as the text they are.
         if let Ok(text) = std::env::var("BEHEST_AUTH__KEYS") {
             config.auth.keys = ApiKeys::default();
-            config.auth.keys.extend_from(&text).map_err(|message| {
-                ConfigError::Check(format!("BEHEST_AUTH__KEYS: {message}"))
-            })?;
+            config
+                .auth
+                .keys
+                .extend_from(&text)
+                .map_err(|message| ConfigError::Check(format!("BEHEST_AUTH__KEYS: {message}")))?;
         }
         config.resolved()
     }

@@ -119,7 +119,10 @@ async fn healthcheck(bind: Option<String>) -> ExitCode {
     match answer {
         Ok(response) if response.status().is_success() => ExitCode::SUCCESS,
         Ok(response) => {
-            report(&format!("healthcheck: {address} answered {}", response.status()));
+            report(&format!(
+                "healthcheck: {address} answered {}",
+                response.status()
+            ));
             ExitCode::FAILURE
         }
         Err(error) => {

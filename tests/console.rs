@@ -293,7 +293,9 @@ async fn console_works_with_api_keys_in_a_real_browser() {
     }
     let key = "console-key-27182818";
     let mut server = DemoServer::start_with_env(&[("BEHEST_AUTH__KEYS", key)]).await;
-    let refused = reqwest::get(format!("{}/providers", server.url)).await.unwrap();
+    let refused = reqwest::get(format!("{}/providers", server.url))
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 401, "the API needs the key");
     let output = tokio::time::timeout(
         Duration::from_secs(90),
@@ -314,7 +316,10 @@ async fn console_works_with_api_keys_in_a_real_browser() {
         "browser test failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     assert_eq!(
-        stdout.lines().filter(|line| line.starts_with("ok: ")).count(),
+        stdout
+            .lines()
+            .filter(|line| line.starts_with("ok: "))
+            .count(),
         5,
         "{stdout}"
     );

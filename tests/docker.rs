@@ -73,7 +73,10 @@ fn the_build_stage_runs_the_readme_build_command() {
     // What it builds is what the build stage copies in: the crate alone.
     let copied: Vec<&str> = all(build, "COPY");
     for needed in ["Cargo.toml Cargo.lock", "src", "migrations"] {
-        assert!(copied.iter().any(|c| c.starts_with(needed)), "COPY {needed}");
+        assert!(
+            copied.iter().any(|c| c.starts_with(needed)),
+            "COPY {needed}"
+        );
     }
 }
 

@@ -101,8 +101,7 @@ fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)])
 /// Whether `name` is exposed as a Prometheus histogram with buckets.
 fn is_histogram(scrape: &prometheus_parse::Scrape, name: &str) -> bool {
     scrape.samples.iter().any(|s| {
-        s.metric == name
-            && matches!(&s.value, prometheus_parse::Value::Histogram(b) if b.len() > 5)
+        s.metric == name && matches!(&s.value, prometheus_parse::Value::Histogram(b) if b.len() > 5)
     })
 }
 
@@ -121,10 +120,18 @@ async fn metrics_count_a_run_and_keys_stay_out_of_the_log() {
         "metrics",
         &toml,
         &db.url,
-        &[("RUST_LOG", "debug,sqlx=warn,hyper=info,h2=info,reqwest=info,rmcp=info")],
+        &[(
+            "RUST_LOG",
+            "debug,sqlx=warn,hyper=info,h2=info,reqwest=info,rmcp=info",
+        )],
     )
     .await;
-    let without = server.client.get(server.url("/metrics")).send().await.unwrap();
+    let without = server
+        .client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(without.status(), 401, "/metrics needs the key");
 
     let created = server
@@ -185,7 +192,11 @@ async fn metrics_count_a_run_and_keys_stay_out_of_the_log() {
     assert_eq!(value(&after, "behest_sse_watchers", &[]), 0.0, "{text}");
     assert_eq!(value(&after, "behest_runs_active", &[]), 0.0, "{text}");
     assert_eq!(
-        value(&after, "behest_runs_finished_total", &[("status", "completed")]),
+        value(
+            &after,
+            "behest_runs_finished_total",
+            &[("status", "completed")]
+        ),
         1.0
     );
     let fake_model = [("provider", "fake"), ("model", "fake-model")];
@@ -247,10 +258,17 @@ async fn metrics_count_a_run_and_keys_stay_out_of_the_log() {
         "behest_event_log_commit_seconds",
         "behest_event_log_batch_events",
     ] {
-        assert!(is_histogram(&after, histogram), "{histogram} has buckets:\n{text}");
+        assert!(
+            is_histogram(&after, histogram),
+            "{histogram} has buckets:\n{text}"
+        );
     }
     assert_eq!(
-        value(&after, "behest_model_time_to_first_token_seconds_count", &fake_model),
+        value(
+            &after,
+            "behest_model_time_to_first_token_seconds_count",
+            &fake_model
+        ),
         2.0
     );
     assert_eq!(value(&after, "behest_doom_loops_total", &[]), 0.0);
@@ -385,14 +403,26 @@ async fn spans_reach_an_otlp_collector_with_the_gen_ai_conventions() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let services = collected.lock().unwrap().services.clone();
-    assert!(services.iter().all(|s| s == "behest") && !services.is_empty(), "{services:?}");
+    assert!(
+        services.iter().all(|s| s == "behest") && !services.is_empty(),
+        "{services:?}"
+    );
     let named = |name: &str| -> Vec<&Span> { spans.iter().filter(|s| s.name == name).collect() };
     let run_spans = named("invoke_agent");
-    assert_eq!(run_spans.len(), 1, "one run span: {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>());
+    assert_eq!(
+        run_spans.len(),
+        1,
+        "one run span: {:?}",
+        spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
     let run = run_spans[0];
     let run_span_id = hex(&run.span_id);
     assert_eq!(hex(&run.trace_id), trace_id, "the caller's trace continues");
-    assert_eq!(hex(&run.parent_span_id), caller_span, "under the caller's span");
+    assert_eq!(
+        hex(&run.parent_span_id),
+        caller_span,
+        "under the caller's span"
+    );
     let run_attributes = attributes(run);
     for (key, expected) in [
         ("gen_ai.operation.name", "invoke_agent"),
@@ -401,7 +431,11 @@ async fn spans_reach_an_otlp_collector_with_the_gen_ai_conventions() {
         ("behest.run.id", run_id.as_str()),
         ("behest.run.status", "completed"),
     ] {
-        assert_eq!(run_attributes.get(key).map(String::as_str), Some(expected), "{key}");
+        assert_eq!(
+            run_attributes.get(key).map(String::as_str),
+            Some(expected),
+            "{key}"
+        );
     }
 
     let chats = named("chat fake-model");
@@ -419,14 +453,24 @@ async fn spans_reach_an_otlp_collector_with_the_gen_ai_conventions() {
         assert_eq!(a["gen_ai.operation.name"], "chat");
         assert_eq!(a["gen_ai.provider.name"], "openai");
         assert_eq!(a["gen_ai.request.model"], "fake-model");
-        assert_eq!(a["gen_ai.usage.input_tokens"], usage["input_tokens"].to_string());
-        assert_eq!(a["gen_ai.usage.output_tokens"], usage["output_tokens"].to_string());
+        assert_eq!(
+            a["gen_ai.usage.input_tokens"],
+            usage["input_tokens"].to_string()
+        );
+        assert_eq!(
+            a["gen_ai.usage.output_tokens"],
+            usage["output_tokens"].to_string()
+        );
         assert!(a.contains_key("gen_ai.response.finish_reasons"));
     }
 
     let quick = named("execute_tool quick");
     let bad = named("execute_tool nope");
-    assert_eq!((quick.len(), bad.len()), (1, 1), "one span per tool execution");
+    assert_eq!(
+        (quick.len(), bad.len()),
+        (1, 1),
+        "one span per tool execution"
+    );
     let (quick, bad) = (quick[0], bad[0]);
     for (span, tool, call) in [(quick, "quick", "call_ok"), (bad, "nope", "call_bad")] {
         assert_eq!(hex(&span.parent_span_id), run_span_id);
@@ -437,7 +481,11 @@ async fn spans_reach_an_otlp_collector_with_the_gen_ai_conventions() {
     }
     assert!(!attributes(quick).contains_key("error.type"));
     assert_eq!(attributes(bad)["error.type"], "tool_not_found");
-    assert_eq!(bad.status.as_ref().map(|s| s.code), Some(2), "an error status");
+    assert_eq!(
+        bad.status.as_ref().map(|s| s.code),
+        Some(2),
+        "an error status"
+    );
 
     // Every event's span is the one it was emitted in.
     let chat_ids: Vec<String> = chats.iter().map(|s| hex(&s.span_id)).collect();
@@ -447,8 +495,12 @@ async fn spans_reach_an_otlp_collector_with_the_gen_ai_conventions() {
         assert_eq!(event["trace_id"], trace_id);
         let span_id = event["span_id"].as_str().unwrap().to_owned();
         let expected = match frame.event.as_str() {
-            "text_delta" | "reasoning_delta" | "tool_call_started" | "tool_call_delta"
-            | "tool_call_completed" | "model_retrying" => chat_ids[iteration - 1].clone(),
+            "text_delta"
+            | "reasoning_delta"
+            | "tool_call_started"
+            | "tool_call_delta"
+            | "tool_call_completed"
+            | "model_retrying" => chat_ids[iteration - 1].clone(),
             "tool_execution_started" | "tool_execution_finished" => {
                 if event["call_id"] == "call_ok" {
                     hex(&quick.span_id)
@@ -473,7 +525,11 @@ async fn spans_reach_an_otlp_collector_with_the_gen_ai_conventions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_child_gets_a_minimal_environment_not_the_provider_key() {
     let fake = FakeOpenAi::start().await;
-    fake.push(Reply::sse(&tool_calls_stream(&[("call_env", "env", json!({}))])));
+    fake.push(Reply::sse(&tool_calls_stream(&[(
+        "call_env",
+        "env",
+        json!({}),
+    )])));
     fake.push(Reply::sse(&text_stream(&["done"])));
     let db = sqlite().await;
     let secret = "sk-test-provider-secret-4711";
@@ -519,17 +575,26 @@ async fn an_mcp_child_gets_a_minimal_environment_not_the_provider_key() {
         .unwrap_or_else(|| panic!("{finished}"));
     assert!(vars.contains_key("PATH"), "{vars:?}");
     assert_eq!(vars["LC_ALL"], "C.UTF-8");
-    assert_eq!(vars["INHERITED_VAR"], "passed-on", "inherit_env passes it on");
+    assert_eq!(
+        vars["INHERITED_VAR"], "passed-on",
+        "inherit_env passes it on"
+    );
     assert_eq!(vars["FROM_CONFIG"], "set", "env sets it");
     for kept in ["FAKE_PROVIDER_KEY", "UNRELATED_VAR", "RUST_LOG"] {
-        assert!(!vars.contains_key(kept), "{kept} reached the MCP child: {vars:?}");
+        assert!(
+            !vars.contains_key(kept),
+            "{kept} reached the MCP child: {vars:?}"
+        );
     }
     assert!(
         vars.values().all(|v| v.as_str() != Some(secret)),
         "the provider key reached the MCP child"
     );
     // The key is real: the provider got it.
-    let sent = fake.requests()[0].headers["authorization"].to_str().unwrap().to_owned();
+    let sent = fake.requests()[0].headers["authorization"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     assert_eq!(sent, format!("Bearer {secret}"));
     db.cleanup().await;
 }

@@ -53,6 +53,7 @@ fn body() -> Value {
 /// Every operation of the document (method, path with `{…}` filled in) but the public probes.
 fn protected_operations(spec: &Value) -> Vec<(String, String)> {
     let mut operations = Vec::new();
+    let parameter = regex::Regex::new(r"\{[a-z_]+\}").unwrap();
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
             let security = operation["security"].as_array();
@@ -68,8 +69,7 @@ fn protected_operations(spec: &Value) -> Vec<(String, String)> {
                 operation["responses"]["401"].is_object(),
                 "{method} {path} documents its 401"
             );
-            let filled = regex::Regex::new(r"\{[a-z_]+\}")
-                .unwrap()
+            let filled = parameter
                 .replace_all(path, uuid::Uuid::now_v7().to_string().as_str())
                 .into_owned();
             operations.push((method.clone(), filled));
@@ -90,7 +90,10 @@ fn request(server: &TestServer, method: &str, path: &str) -> reqwest::RequestBui
 
 async fn assert_unauthorized(response: reqwest::Response, what: &str, presented: bool) {
     assert_eq!(response.status(), 401, "{what}");
-    let challenge = response.headers()["www-authenticate"].to_str().unwrap().to_owned();
+    let challenge = response.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     assert!(challenge.starts_with("Bearer "), "{what}: {challenge}");
     assert_eq!(
         challenge.contains("invalid_token"),
@@ -104,7 +107,10 @@ async fn assert_unauthorized(response: reqwest::Response, what: &str, presented:
     );
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["code"], "unauthorized", "{what}: {problem}");
-    assert!(!problem.to_string().contains("key-"), "no key echoed: {problem}");
+    assert!(
+        !problem.to_string().contains("key-"),
+        "no key echoed: {problem}"
+    );
 }
 
 #[tokio::test]
@@ -163,7 +169,13 @@ async fn every_route_of_the_document_needs_a_key() {
         "/console/app.js",
         "/docs/",
     ] {
-        let status = server.client.get(server.url(path)).send().await.unwrap().status();
+        let status = server
+            .client
+            .get(server.url(path))
+            .send()
+            .await
+            .unwrap()
+            .status();
         assert_eq!(status, 200, "{path}");
     }
     server.stop().await;
@@ -280,8 +292,10 @@ fn held() -> Reply {
 
 #[tokio::test]
 async fn event_streams_are_capped_per_key_and_in_total() {
-    let (fake, server) =
-        server(&auth_toml("[limits]\nmax_watchers = 3\nmax_watchers_per_key = 2")).await;
+    let (fake, server) = server(&auth_toml(
+        "[limits]\nmax_watchers = 3\nmax_watchers_per_key = 2",
+    ))
+    .await;
     fake.push(held());
     let created: Value = post_run(&server, KEY_A).await.json().await.unwrap();
     let run_id = created["run_id"].as_str().unwrap().to_owned();
@@ -428,7 +442,13 @@ async fn cors_preflight_is_answered_for_allowed_origins() {
         .to_str()
         .unwrap()
         .to_ascii_lowercase();
-    for name in ["authorization", "content-type", "last-event-id", "idempotency-key", "traceparent"] {
+    for name in [
+        "authorization",
+        "content-type",
+        "last-event-id",
+        "idempotency-key",
+        "traceparent",
+    ] {
         assert!(allow_headers.contains(name), "{name} in {allow_headers}");
     }
     assert!(
@@ -470,7 +490,9 @@ async fn cors_preflight_is_answered_for_allowed_origins() {
         .as_str()
         .unwrap()
         .to_owned();
-    let _ = server.get_json_with(&format!("/runs/{run_id}"), KEY_A).await;
+    let _ = server
+        .get_json_with(&format!("/runs/{run_id}"), KEY_A)
+        .await;
     server.stop().await;
 }
 
@@ -566,14 +588,23 @@ fn key_settings_are_checked_without_printing_keys() {
     assert_eq!(config.auth.keys.0.len(), 2);
     assert!(!format!("{config:?}").contains("secret"));
     let shown = serde_json::to_string(&config).unwrap();
-    assert!(!shown.contains("secret") && shown.contains("sha256:"), "{shown}");
+    assert!(
+        !shown.contains("secret") && shown.contains("sha256:"),
+        "{shown}"
+    );
     for (toml, named) in [
         ("[limits]\nruns_per_minute = 0", "runs_per_minute"),
         ("[limits]\nruns_burst = 5", "runs_burst"),
         ("[limits]\nmax_watchers = 0", "max_watchers"),
-        ("[limits]\ncors_allowed_origins = [\"app.example.com\"]", "cors_allowed_origins"),
+        (
+            "[limits]\ncors_allowed_origins = [\"app.example.com\"]",
+            "cors_allowed_origins",
+        ),
         ("[runtime]\nmax_active_runs = 0", "max_active_runs"),
-        ("[telemetry]\notlp_endpoint = \"collector:4318\"", "otlp_endpoint"),
+        (
+            "[telemetry]\notlp_endpoint = \"collector:4318\"",
+            "otlp_endpoint",
+        ),
     ] {
         let message = error(toml);
         assert!(message.contains(named), "{toml}: {message}");

@@ -77,7 +77,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(parts.extensions.get::<Caller>().copied().unwrap_or_default())
+        Ok(parts
+            .extensions
+            .get::<Caller>()
+            .copied()
+            .unwrap_or_default())
     }
 }
 
@@ -148,9 +152,10 @@ fn unauthorized(detail: &str, presented: bool) -> Response {
         "Bearer realm=\"behest\""
     };
     let mut response = ApiError::unauthorized(detail).into_response();
-    response
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
     response
 }
 

@@ -316,10 +316,12 @@ impl From<CreateRunError> for ApiError {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_tool", detail).field("tools")
             }
             CreateRunError::ShuttingDown => Self::shutting_down(),
-            CreateRunError::TooManyActiveRuns(_) => {
-                Self::new(StatusCode::TOO_MANY_REQUESTS, "too_many_active_runs", detail)
-                    .retry_after(1)
-            }
+            CreateRunError::TooManyActiveRuns(_) => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_active_runs",
+                detail,
+            )
+            .retry_after(1),
             CreateRunError::Store(error) => Self::internal(&error),
         }
     }

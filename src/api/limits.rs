@@ -55,13 +55,13 @@ impl Limits {
     /// The limits of `config` for a server with `keys` API keys.
     #[must_use]
     pub fn new(config: &LimitsConfig, keys: usize) -> Self {
-        let runs = config.runs_per_minute.and_then(NonZeroU32::new).map(|rate| {
-            let burst = config
-                .runs_burst
-                .and_then(NonZeroU32::new)
-                .unwrap_or(rate);
-            RateLimiter::hashmap(Quota::per_minute(rate).allow_burst(burst))
-        });
+        let runs = config
+            .runs_per_minute
+            .and_then(NonZeroU32::new)
+            .map(|rate| {
+                let burst = config.runs_burst.and_then(NonZeroU32::new).unwrap_or(rate);
+                RateLimiter::hashmap(Quota::per_minute(rate).allow_burst(burst))
+            });
         Self(Arc::new(Inner {
             runs,
             clock: DefaultClock::default(),
@@ -204,7 +204,10 @@ mod tests {
         assert!(third.is_some());
         assert!(limits.open_watcher(b).is_err(), "a fourth in total");
         drop(first);
-        assert!(limits.open_watcher(a).is_ok(), "a closed stream frees its place");
+        assert!(
+            limits.open_watcher(a).is_ok(),
+            "a closed stream frees its place"
+        );
     }
 
     #[test]
@@ -219,13 +222,22 @@ mod tests {
         let a = Caller(Some(0));
         assert!(limits.admit_run(a).is_ok());
         assert!(limits.admit_run(a).is_ok());
-        let refused = limits.admit_run(a).err().map(axum::response::IntoResponse::into_response);
+        let refused = limits
+            .admit_run(a)
+            .err()
+            .map(axum::response::IntoResponse::into_response);
         let retry_after = refused
             .as_ref()
             .and_then(|r| r.headers().get(header::RETRY_AFTER))
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        assert!(retry_after.is_some_and(|s| (1..=30).contains(&s)), "{retry_after:?}");
-        assert!(limits.admit_run(Caller(Some(1))).is_ok(), "another key's budget");
+        assert!(
+            retry_after.is_some_and(|s| (1..=30).contains(&s)),
+            "{retry_after:?}"
+        );
+        assert!(
+            limits.admit_run(Caller(Some(1))).is_ok(),
+            "another key's budget"
+        );
     }
 }

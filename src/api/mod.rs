@@ -70,7 +70,11 @@ impl AppState {
     /// State over a runtime with the `[auth]`, `[limits]` and `[telemetry]` of `config`
     /// (metrics on installs the process's Prometheus recorder).
     #[must_use]
-    pub fn from_config(runtime: Arc<Runtime>, shutdown: CancellationToken, config: &Config) -> Self {
+    pub fn from_config(
+        runtime: Arc<Runtime>,
+        shutdown: CancellationToken,
+        config: &Config,
+    ) -> Self {
         let auth = auth::Auth::new(&config.auth);
         let limits = limits::Limits::new(&config.limits, auth.key_count());
         let metrics = if config.telemetry.metrics {
@@ -257,8 +261,13 @@ fn secure(spec: &mut utoipa::openapi::OpenApi) {
         .header(
             "WWW-Authenticate",
             utoipa::openapi::HeaderBuilder::new()
-                .schema(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::String))
-                .description(Some("`Bearer realm=\"behest\"`, with `error=\"invalid_token\"` when a key was sent"))
+                .schema(
+                    utoipa::openapi::ObjectBuilder::new()
+                        .schema_type(utoipa::openapi::Type::String),
+                )
+                .description(Some(
+                    "`Bearer realm=\"behest\"`, with `error=\"invalid_token\"` when a key was sent",
+                ))
                 .build(),
         )
         .content(

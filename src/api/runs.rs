@@ -11,10 +11,10 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{Json, Query};
-use super::page::RunListQuery;
 use super::auth::Caller;
+use super::extract::{Json, Query};
 use super::limits::WatcherPermit;
+use super::page::RunListQuery;
 use super::{ApiError, AppState, Problem};
 use crate::domain::{
     CreateRunRequest, CreateRunResponse, FinishReason, Role, RunId, RunOutput, RunRecord, RunStatus,

@@ -271,7 +271,11 @@ impl RunEmitter {
         if result.is_ok() {
             self.log.feed.close(self.run_id);
             telemetry::metrics::run_finished(status);
-            let span = self.span.lock().unwrap_or_else(PoisonError::into_inner).take();
+            let span = self
+                .span
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
             if let Some(span) = span {
                 let error = error_type.as_ref().map(|(t, m)| (*t, m.as_str()));
                 telemetry::spans::end_run(span, status, finish_reason, error);

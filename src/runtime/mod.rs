@@ -411,7 +411,11 @@ impl Runtime {
         };
         self.log.feed().open(run_id);
         let span = self.run_span(&record, trace.clone(), last_sequence > 0);
-        let emitter = Arc::new(self.log.emitter(run_id, last_sequence, trace).with_span(span));
+        let emitter = Arc::new(
+            self.log
+                .emitter(run_id, last_sequence, trace)
+                .with_span(span),
+        );
         let runtime = self.clone();
         let tokens = run_loop::Tokens { cancel, abandon };
         crate::telemetry::metrics::runs_active(1.0);

@@ -93,7 +93,12 @@ impl ModelCall {
     }
 
     fn end(&self, outcome: &'static str) {
-        telemetry::metrics::model_call(&self.provider, &self.model, outcome, self.started.elapsed());
+        telemetry::metrics::model_call(
+            &self.provider,
+            &self.model,
+            outcome,
+            self.started.elapsed(),
+        );
     }
 
     /// Ends the call as failed with `error`.
@@ -386,7 +391,9 @@ mod tests {
             }),
             ModelEvent::Finished(FinishReason::ToolCalls),
         ];
-        let turn = read_model_stream(&emitter, stream(events), &test_call()).await.unwrap();
+        let turn = read_model_stream(&emitter, stream(events), &test_call())
+            .await
+            .unwrap();
         assert_eq!(turn.reasoning, vec![block]);
         assert_eq!(turn.reasoning_text, "think");
         assert_eq!(turn.text, "Hi");

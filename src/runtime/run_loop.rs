@@ -360,10 +360,16 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             max_output_tokens: Some(model.max_output_tokens),
         };
         // The request goes out while `model_started` is being committed (see `call_model`).
-        let (turn, call) =
-            call_model(emitter, &entry, &record.provider, request, events, iteration)
-                .await
-                .map_err(|e| RunFailure::from_turn(e, &record.provider))?;
+        let (turn, call) = call_model(
+            emitter,
+            &entry,
+            &record.provider,
+            request,
+            events,
+            iteration,
+        )
+        .await
+        .map_err(|e| RunFailure::from_turn(e, &record.provider))?;
 
         // A call without reported usage is estimated with the tokenizer, and marked so.
         let usage = turn.usage.unwrap_or_else(|| {

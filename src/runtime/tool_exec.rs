@@ -123,7 +123,9 @@ pub(super) async fn execute_tool(
     };
     let started = Instant::now();
     let executed = span
-        .scope(run_tool(runtime, emitter, in_flight, record, call, config, execution))
+        .scope(run_tool(
+            runtime, emitter, in_flight, record, call, config, execution,
+        ))
         .await;
     if let Ok((_, _, failure)) = &executed {
         telemetry::metrics::tool_execution(&tool, failure.is_none(), started.elapsed());

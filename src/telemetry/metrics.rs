@@ -107,7 +107,10 @@ pub fn install() -> Option<PrometheusHandle> {
 /// The `# HELP` lines.
 fn describe() {
     use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(HTTP_REQUESTS, "HTTP requests by method, route template and status");
+    describe_counter!(
+        HTTP_REQUESTS,
+        "HTTP requests by method, route template and status"
+    );
     describe_histogram!(
         HTTP_DURATION,
         Unit::Seconds,
@@ -136,7 +139,10 @@ fn describe() {
         "Model request to its first output"
     );
     describe_counter!(MODEL_TOKENS, "Tokens by provider, model and kind");
-    describe_counter!(MODEL_RETRIES, "Model call retries by provider and error class");
+    describe_counter!(
+        MODEL_RETRIES,
+        "Model call retries by provider and error class"
+    );
     describe_counter!(TOOL_EXECUTIONS, "Tool executions by tool and result");
     describe_histogram!(
         TOOL_DURATION,
@@ -180,7 +186,10 @@ pub fn sse_watchers(delta: f64) {
 /// One event-log batch of `events` committed in `elapsed`.
 pub fn event_batch(events: usize, elapsed: Duration) {
     ::metrics::counter!(EVENTS_PERSISTED).increment(events as u64);
-    #[expect(clippy::cast_precision_loss, reason = "a batch holds at most a few thousand")]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a batch holds at most a few thousand"
+    )]
     ::metrics::histogram!(EVENT_BATCH_SIZE).record(events as f64);
     ::metrics::histogram!(EVENT_COMMIT).record(elapsed.as_secs_f64());
 }

@@ -65,7 +65,12 @@ pub fn run(ids: TraceContext, info: &RunInfo<'_>) -> Span {
 }
 
 /// A run span's end: its terminal status, finish reason and, when it failed, `error.type`.
-pub fn end_run(mut span: Span, status: &str, finish_reason: Option<FinishReason>, error: Option<(&str, &str)>) {
+pub fn end_run(
+    mut span: Span,
+    status: &str,
+    finish_reason: Option<FinishReason>,
+    error: Option<(&str, &str)>,
+) {
     span.set(|| {
         let mut attributes = vec![KeyValue::new("behest.run.status", status.to_owned())];
         if let Some(reason) = finish_reason {
@@ -126,7 +131,12 @@ pub fn model_call(run: &TraceContext, info: &ModelCallInfo<'_>) -> Span {
 }
 
 /// A model-call span's result: finish reason and usage (`gen_ai.usage.*`).
-pub fn model_result(span: &mut Span, finish_reason: FinishReason, usage: &TokenUsage, cache: (u64, u64)) {
+pub fn model_result(
+    span: &mut Span,
+    finish_reason: FinishReason,
+    usage: &TokenUsage,
+    cache: (u64, u64),
+) {
     span.set(|| {
         let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         vec![

@@ -15,14 +15,11 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 
 use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
-    Tracer,
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig;
-use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, SdkTracer, SdkTracerProvider,
-};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer, SdkTracerProvider};
 
 use crate::config::TelemetryConfig;
 
@@ -113,9 +110,12 @@ pub struct ExportError(String);
 /// # Errors
 /// When the exporter cannot be built (a malformed endpoint).
 pub fn init(config: &TelemetryConfig) -> Result<Option<String>, ExportError> {
-    let from_env = ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
-        .iter()
-        .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()));
+    let from_env = [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]
+    .iter()
+    .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()));
     let endpoint = match (&config.otlp_endpoint, from_env) {
         (Some(base), _) => format!("{}/v1/traces", base.trim_end_matches('/')),
         (None, Some(from_env)) => from_env,
@@ -193,7 +193,9 @@ impl Span {
         attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> Self {
         let id: Arc<str> = Arc::from(ids.span_id.as_str());
-        let otel = TRACER.get().and_then(|tracer| start_otel(tracer, &ids, name(), kind, remote_parent, attributes()));
+        let otel = TRACER
+            .get()
+            .and_then(|tracer| start_otel(tracer, &ids, name(), kind, remote_parent, attributes()));
         Self { ids, id, otel }
     }
 
@@ -256,9 +258,15 @@ fn start_otel(
         TraceFlags::default()
     };
     let parent = match SpanId::from_hex(&ids.parent_span_id) {
-        Ok(parent) if parent != SpanId::INVALID => Context::new().with_remote_span_context(
-            SpanContext::new(trace_id, parent, flags, remote_parent, TraceState::default()),
-        ),
+        Ok(parent) if parent != SpanId::INVALID => {
+            Context::new().with_remote_span_context(SpanContext::new(
+                trace_id,
+                parent,
+                flags,
+                remote_parent,
+                TraceState::default(),
+            ))
+        }
         _ => Context::new(),
     };
     if !ids.sampled {

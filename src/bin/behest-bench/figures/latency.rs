@@ -142,7 +142,12 @@ pub(super) async fn latency_one(ctx: &Ctx, ttft: bool, gaps: bool) -> Result<Vec
     Ok(rows)
 }
 
-pub(super) async fn wave(ctx: &Ctx, via_behest: bool, runs: usize, model: &'static str) -> Result<Latency> {
+pub(super) async fn wave(
+    ctx: &Ctx,
+    via_behest: bool,
+    runs: usize,
+    model: &'static str,
+) -> Result<Latency> {
     let tokens = ctx.plan.profile.tokens;
     let tasks: Vec<_> = (0..runs)
         .map(|_| {

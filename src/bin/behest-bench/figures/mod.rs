@@ -326,7 +326,10 @@ impl Ctx {
 
     async fn cancel(&self, run_id: &str) -> Result<()> {
         let response = self
-            .keyed(self.client.post(self.url(&format!("/runs/{run_id}/cancel"))))
+            .keyed(
+                self.client
+                    .post(self.url(&format!("/runs/{run_id}/cancel"))),
+            )
             .send()
             .await?;
         if !response.status().is_success() {

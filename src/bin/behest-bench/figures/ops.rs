@@ -36,7 +36,10 @@ impl Sink {
                     if !body.is_empty() {
                         counted.fetch_add(1, Ordering::AcqRel);
                     }
-                    ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
+                    (
+                        [("content-type", "application/x-protobuf")],
+                        Vec::<u8>::new(),
+                    )
                 }
             }),
         );
@@ -69,7 +72,8 @@ async fn start(ctx: &Ctx, name: &str, extra: &str) -> Result<(BehestProcess, Dat
     toml.push('\n');
     toml.push_str(extra);
     std::fs::write(&config, toml)?;
-    let process = BehestProcess::start(&ctx.behest_bin, &dir, &config, &db.url, &ctx.client).await?;
+    let process =
+        BehestProcess::start(&ctx.behest_bin, &dir, &config, &db.url, &ctx.client).await?;
     Ok((process, db))
 }
 
