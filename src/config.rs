@@ -11,6 +11,8 @@ use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{CompactionConfig, ModelWindow};
+mod ops;
+pub use ops::{ApiKeys, AuthConfig, KeyHash, LimitsConfig, TelemetryConfig};
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +39,12 @@ pub struct Config {
     /// `[compaction]`: the initial compaction settings (the seed's defaults when absent). Once
     /// changed through `/compaction`, the stored settings win over these.
     pub compaction: CompactionConfig,
+    /// Bearer API keys (`[auth]`).
+    pub auth: AuthConfig,
+    /// CORS and per-client limits (`[limits]`).
+    pub limits: LimitsConfig,
+    /// Metrics and trace export (`[telemetry]`).
+    pub telemetry: TelemetryConfig,
 }
 
 impl Default for Config {
@@ -51,6 +59,9 @@ impl Default for Config {
             builtin_tools: Vec::new(),
             agents: BTreeMap::new(),
             compaction: CompactionConfig::default(),
+            auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -183,6 +194,10 @@ pub struct RuntimeConfig {
     /// What ends a run whose wait passed its deadline: `fail` (`run_failed`, error class
     /// `action_expired`; the default) or `cancel` (`run_cancelled`).
     pub action_expiry: ActionExpiry,
+    /// Runs active in this process at once at most (new and resumed ones count); a create
+    /// beyond it is refused with `429 too_many_active_runs` and `Retry-After` (not queued).
+    /// Default: unlimited.
+    pub max_active_runs: Option<usize>,
 }
 
 /// `[runtime] action_expiry`: how a run whose `requires_action` wait expired ends.
@@ -222,9 +237,15 @@ pub enum McpServerConfig {
         /// Its arguments.
         #[serde(default)]
         args: Vec<String>,
-        /// Extra environment variables.
+        /// Environment variables set for it. The child does not inherit the server's
+        /// environment (which holds provider API keys): it gets `PATH`, `HOME` and the locale
+        /// (`LANG`, `LANGUAGE`, `LC_*`), then the variables `inherit_env` names, then these.
         #[serde(default)]
         env: BTreeMap<String, String>,
+        /// Variables of the server's environment passed on to the child by name (e.g.
+        /// `["GITHUB_TOKEN"]`); default none.
+        #[serde(default)]
+        inherit_env: Vec<String>,
         /// Its tools that are safe to execute twice (re-executed when a crash cut a call off).
         #[serde(default)]
         idempotent_tools: Vec<String>,
@@ -299,6 +320,7 @@ impl Default for RuntimeConfig {
             retention_batch_runs: 100,
             action_timeout_ms: 600_000,
             action_expiry: ActionExpiry::Fail,
+            max_active_runs: None,
         }
     }
 }
@@ -598,11 +620,21 @@ impl Config {
             .filter(|key| {
                 key != "config" && !key.as_str().to_ascii_lowercase().starts_with("test_")
             });
-        let config: Config = figment
+        let mut config: Config = figment
             .merge(env)
             .merge(Serialized::defaults(overrides))
             .extract()
             .map_err(ConfigError::from_figment)?;
+        // figment reads an environment value that looks like a number as one (a key of digits
+        // would lose its leading zeros): the keys are read again as the text they are.
+        if let Ok(text) = std::env::var("BEHEST_AUTH__KEYS") {
+            config.auth.keys = ApiKeys::default();
+            config
+                .auth
+                .keys
+                .extend_from(&text)
+                .map_err(|message| ConfigError::Check(format!("BEHEST_AUTH__KEYS: {message}")))?;
+        }
         config.resolved()
     }
 
@@ -709,6 +741,7 @@ impl Config {
                 "agents.\"{name}\": an agent name is 1 to 64 letters, digits, `_` or `-`"
             )));
         }
+        self.resolve_operations()?;
         for (id, provider) in &mut self.providers {
             if provider.kind != ProviderKind::Scripted
                 && !provider.base_url.starts_with("http://")
@@ -807,6 +840,74 @@ pub fn model_windows(providers: &BTreeMap<String, ProviderConfig>) -> Vec<ModelW
                 })
         })
         .collect()
+}
+
+impl Config {
+    /// Checks `[auth]`, `[limits]`, `[telemetry]` and `max_active_runs`, and adds the keys of
+    /// `[auth] keys_env`.
+    fn resolve_operations(&mut self) -> Result<(), ConfigError> {
+        let check = |ok: bool, message: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::Check(message.to_owned()))
+            }
+        };
+        let limits = &self.limits;
+        check(
+            limits.runs_per_minute.is_none_or(|n| n >= 1),
+            "limits.runs_per_minute must be at least 1 (leave it unset for no limit)",
+        )?;
+        check(
+            limits.runs_burst.is_none_or(|n| n >= 1),
+            "limits.runs_burst must be at least 1",
+        )?;
+        check(
+            limits.runs_burst.is_none() || limits.runs_per_minute.is_some(),
+            "limits.runs_burst needs limits.runs_per_minute",
+        )?;
+        check(
+            limits.max_watchers.is_none_or(|n| n >= 1)
+                && limits.max_watchers_per_key.is_none_or(|n| n >= 1),
+            "limits.max_watchers and limits.max_watchers_per_key must be at least 1",
+        )?;
+        check(
+            self.runtime.max_active_runs.is_none_or(|n| n >= 1),
+            "runtime.max_active_runs must be at least 1",
+        )?;
+        for origin in &limits.cors_allowed_origins {
+            let plain = origin == "*"
+                || ((origin.starts_with("http://") || origin.starts_with("https://"))
+                    && !origin.trim_end_matches('/').contains(['?', '#', ' '])
+                    && origin.bytes().all(|b| b.is_ascii_graphic()));
+            if !plain {
+                return Err(ConfigError::Check(format!(
+                    "limits.cors_allowed_origins: `{origin}` is not an origin (e.g. \
+                     \"https://app.example.com\", or \"*\")"
+                )));
+            }
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint {
+            check(
+                endpoint.starts_with("http://") || endpoint.starts_with("https://"),
+                "telemetry.otlp_endpoint must start with http:// or https://",
+            )?;
+        }
+        if let Some(var) = &self.auth.keys_env {
+            let text = std::env::var(var)
+                .ok()
+                .filter(|text| !text.trim().is_empty())
+                .ok_or_else(|| {
+                    ConfigError::Check(format!(
+                        "auth.keys_env names `{var}`, which is not set or empty"
+                    ))
+                })?;
+            self.auth.keys.extend_from(&text).map_err(|message| {
+                ConfigError::Check(format!("auth.keys_env `{var}`: {message}"))
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// The wire-specific provider options: each only for its `kind`, and a thinking budget of at

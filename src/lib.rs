@@ -12,4 +12,5 @@ pub mod provider;
 pub mod runtime;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod tools;

@@ -28,6 +28,18 @@ enum Command {
         /// TOML configuration file.
         #[arg(long, env = "BEHEST_CONFIG")]
         config: Option<PathBuf>,
+        /// Serve an address other machines can reach without API keys (otherwise refused)
+        /// [config: `[auth] allow_unauthenticated`].
+        #[arg(long)]
+        allow_unauthenticated: bool,
+    },
+    /// Exit 0 when the server at `BEHEST_BIND` (or `--bind`) answers `/healthz` (a container's
+    /// `HEALTHCHECK`).
+    Healthcheck {
+        /// Address of the server [env: BEHEST_BIND; default 127.0.0.1:8080]; `0.0.0.0` and
+        /// `[::]` are probed on the loopback address.
+        #[arg(long)]
+        bind: Option<String>,
     },
     /// Apply database migrations and exit.
     Migrate {
@@ -89,20 +101,42 @@ fn init_tracing() {
     }
 }
 
+/// `GET http://<bind>/healthz` within 5 s: success when it answers 200.
+fn healthcheck(bind: Option<String>) -> ExitCode {
+    let bind = bind
+        .or_else(|| std::env::var("BEHEST_BIND").ok())
+        .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
+    let address = match bind.rsplit_once(':') {
+        Some(("0.0.0.0", port)) => format!("127.0.0.1:{port}"),
+        Some(("[::]", port)) => format!("[::1]:{port}"),
+        _ => bind,
+    };
+    match behest::server::healthcheck_blocking(&address) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            report(&format!("healthcheck: {error}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Openapi => print_openapi(),
+        Command::Healthcheck { bind } => healthcheck(bind),
         Command::Serve {
             bind,
             database_url,
             config,
+            allow_unauthenticated,
         } => {
             let overrides = Overrides { bind, database_url };
             let mut loaded = match load(config.as_deref(), &overrides) {
                 Ok(config) => config,
                 Err(code) => return code,
             };
+            loaded.auth.allow_unauthenticated |= allow_unauthenticated;
             init_tracing();
             // No configuration at all: offer the built-in model so the first run works.
             if config.is_none() && loaded.providers.is_empty() {

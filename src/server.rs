@@ -36,6 +36,16 @@ pub enum ServeError {
     /// An agent preset would not run (unknown provider, model or tool, a bad parameter).
     #[error("invalid configuration: {0}")]
     Agents(String),
+    /// A non-loopback `bind` without API keys, and unauthenticated access not allowed.
+    #[error(
+        "`bind` = `{0}` is reachable from other machines, and no API key is configured: set \
+         `[auth] keys` (or `BEHEST_AUTH__KEYS`, or `[auth] keys_env`), or start with \
+         --allow-unauthenticated (`[auth] allow_unauthenticated = true`) to serve it open"
+    )]
+    Unprotected(String),
+    /// OpenTelemetry export could not be set up.
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::trace::ExportError),
 }
 
 /// Builds the runtime of a configuration over an opened store.
@@ -85,6 +95,32 @@ pub fn serve_blocking(config: Config) -> Result<(), ServeError> {
         .block_on(serve(config))
 }
 
+/// `behest healthcheck`: `GET http://{address}/healthz` within 5 s, on a Tokio runtime of its
+/// own (see [`serve_blocking`]).
+///
+/// # Errors
+/// What went wrong, as text: no answer in time, or a status other than 2xx.
+pub fn healthcheck_blocking(address: &str) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let client = crate::net::client().map_err(|e| e.to_string())?;
+        let response = client
+            .get(format!("http://{address}/healthz"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| format!("{address}: {e}"))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("{address} answered {}", response.status()))
+        }
+    })
+}
+
 /// `behest migrate`: opens the store at `database_url`, which applies (and logs) its pending
 /// migrations, on a Tokio runtime of its own (see [`serve_blocking`]).
 ///
@@ -108,6 +144,50 @@ pub fn migrate_blocking(database_url: &str) -> Result<(), ServeError> {
 /// # Errors
 /// [`ServeError`] when the store, a provider or the listener fails.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
+    refuse_unprotected(&config).await?;
+    if let Some(endpoint) = crate::telemetry::trace::init(&config.telemetry)? {
+        tracing::info!(%endpoint, "exporting OpenTelemetry spans (OTLP/HTTP)");
+    }
+    let served = serve_configured(config).await;
+    // The last spans (the drained runs') are exported before the process ends.
+    let _ = tokio::task::spawn_blocking(crate::telemetry::trace::shutdown).await;
+    served
+}
+
+/// Refuses a `bind` that other machines can reach when no API key is configured, unless
+/// `[auth] allow_unauthenticated` says so.
+///
+/// # Errors
+/// [`ServeError::Unprotected`]; [`ServeError::Io`] when the address does not resolve.
+pub async fn refuse_unprotected(config: &Config) -> Result<(), ServeError> {
+    if !config.auth.keys.0.is_empty() {
+        return Ok(());
+    }
+    let addresses: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&config.bind)
+        .await
+        .map_err(|error| {
+            std::io::Error::new(
+                error.kind(),
+                format!("cannot resolve `bind` = `{}`: {error}", config.bind),
+            )
+        })?
+        .collect();
+    let loopback = !addresses.is_empty() && addresses.iter().all(|a| a.ip().is_loopback());
+    if loopback {
+        return Ok(());
+    }
+    if config.auth.allow_unauthenticated {
+        tracing::warn!(
+            bind = %config.bind,
+            "serving without API keys on an address other machines can reach \
+             (allow_unauthenticated)"
+        );
+        return Ok(());
+    }
+    Err(ServeError::Unprotected(config.bind.clone()))
+}
+
+async fn serve_configured(config: Config) -> Result<(), ServeError> {
     let store = store::connect(&config.database_url).await?;
     let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
     if let Err(error) = registry.add_builtins(&config.builtin_tools) {
@@ -143,7 +223,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let close_listener = CancellationToken::new();
     let signalled = CancellationToken::new();
     watch_signals(signalled.clone())?;
-    let state = AppState::new(runtime.clone(), streams_end.clone());
+    let state = AppState::from_config(runtime.clone(), streams_end.clone(), &config);
+    if state.auth.enabled() {
+        tracing::info!(keys = state.auth.key_count(), "API keys required");
+    }
     let mut serving = tokio::spawn(
         axum::serve(listener, app(state))
             .with_graceful_shutdown(close_listener.clone().cancelled_owned())

@@ -317,7 +317,10 @@ async fn schemathesis_finds_no_server_error_and_no_answer_off_the_spec() {
     ) {
         return;
     }
-    let server = DemoServer::start().await;
+    // With an API key, so that schemathesis also checks that each route refuses requests
+    // without it (`ignored_auth`) as the spec's security requirements say.
+    let key = "schemathesis-key-3141";
+    let server = DemoServer::start_with_env(&[("BEHEST_AUTH__KEYS", key)]).await;
     let reports = tempfile::tempdir().expect("temp dir");
     let spec_for_schemathesis = reports.path().join("openapi.json");
     std::fs::write(
@@ -343,6 +346,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_off_the_spec() {
             .arg("run")
             .arg(&spec_for_schemathesis)
             .args(["--url", &server.url])
+            .args(["--header", &format!("Authorization: Bearer {key}")])
             .args(["--checks", "all"])
             .args(["--phases", "examples,coverage,fuzzing,stateful"])
             .args(["--max-examples", "25", "--max-time", "60"])

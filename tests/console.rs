@@ -280,6 +280,94 @@ async fn console_works_in_a_real_browser() {
     server.child.kill().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_works_with_api_keys_in_a_real_browser() {
+    let browser_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    if let Some(reason) = browser_missing(&browser_dir) {
+        assert!(
+            std::env::var("BEHEST_TEST_REQUIRE_BROWSER").is_err(),
+            "BEHEST_TEST_REQUIRE_BROWSER is set but the browser test cannot run: {reason}"
+        );
+        eprintln!("SKIPPED console_works_with_api_keys_in_a_real_browser: {reason}");
+        return;
+    }
+    let key = "console-key-27182818";
+    let mut server = DemoServer::start_with_env(&[("BEHEST_AUTH__KEYS", key)]).await;
+    let refused = reqwest::get(format!("{}/providers", server.url))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401, "the API needs the key");
+    let output = tokio::time::timeout(
+        Duration::from_secs(90),
+        Command::new("node")
+            .arg(browser_dir.join("console_auth.mjs"))
+            .arg(&server.url)
+            .arg(key)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser test ends within 90 s")
+    .expect("run node");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "browser test failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|line| line.starts_with("ok: "))
+            .count(),
+        5,
+        "{stdout}"
+    );
+    server.child.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docs_page_works_in_a_real_browser_with_the_network_off() {
+    let browser_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    if let Some(reason) = browser_missing(&browser_dir) {
+        assert!(
+            std::env::var("BEHEST_TEST_REQUIRE_BROWSER").is_err(),
+            "BEHEST_TEST_REQUIRE_BROWSER is set but the browser test cannot run: {reason}"
+        );
+        eprintln!("SKIPPED docs_page_works_in_a_real_browser_with_the_network_off: {reason}");
+        return;
+    }
+    let key = "docs-key-16180339";
+    let mut server = DemoServer::start_with_env(&[("BEHEST_AUTH__KEYS", key)]).await;
+    let output = tokio::time::timeout(
+        Duration::from_secs(90),
+        Command::new("node")
+            .arg(browser_dir.join("docs.mjs"))
+            .arg(&server.url)
+            .arg(key)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser test ends within 90 s")
+    .expect("run node");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "browser test failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|line| line.starts_with("ok: "))
+            .count(),
+        3,
+        "{stdout}"
+    );
+    server.child.kill().await.unwrap();
+}
+
 #[tokio::test]
 async fn migrate_says_what_it_applied_then_up_to_date() {
     let dir = tempfile::tempdir().unwrap();

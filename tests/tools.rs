@@ -33,6 +33,7 @@ fn stdio_fixture(log: &Path) -> BTreeMap<String, McpServerConfig> {
             requires_approval_tools: Vec::new(),
             command: FIXTURE.to_owned(),
             args: Vec::new(),
+            inherit_env: Vec::new(),
             env: BTreeMap::from([(
                 "BEHEST_MCP_FIXTURE_LOG".to_owned(),
                 log.display().to_string(),
@@ -283,6 +284,7 @@ async fn a_server_that_cannot_start_is_named() {
             requires_approval_tools: Vec::new(),
             command: "/nonexistent/behest-no-such-server".to_owned(),
             args: Vec::new(),
+            inherit_env: Vec::new(),
             env: BTreeMap::new(),
         },
     )]);
@@ -302,6 +304,7 @@ async fn a_server_that_cannot_start_is_named() {
             requires_approval_tools: Vec::new(),
             command: "true".to_owned(),
             args: Vec::new(),
+            inherit_env: Vec::new(),
             env: BTreeMap::new(),
         },
     )]);

@@ -83,6 +83,43 @@ impl ApiError {
         .retry_after(SHUTDOWN_RETRY_AFTER_SECS)
     }
 
+    /// 401 `unauthorized`: no API key, or not one of the configured keys (the key is never
+    /// echoed). The auth layer adds `WWW-Authenticate: Bearer`.
+    #[must_use]
+    pub fn unauthorized(detail: &str) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+    }
+
+    /// 429 `rate_limited` with `Retry-After`: the API key created runs faster than
+    /// `[limits] runs_per_minute`.
+    #[must_use]
+    pub fn rate_limited(retry_after_secs: u32) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "this API key creates runs faster than the server allows; retry after the \
+             `Retry-After` seconds",
+        )
+        .retry_after(retry_after_secs.max(1))
+    }
+
+    /// 503 `too_many_watchers` with `Retry-After`: the server's or the API key's cap on open
+    /// event streams is reached.
+    #[must_use]
+    pub fn too_many_watchers(per_key: bool) -> Self {
+        let whose = if per_key {
+            "this API key holds the most event streams it may open at once"
+        } else {
+            "the server holds the most event streams it serves at once"
+        };
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_watchers",
+            format!("{whose}; close one, or retry later"),
+        )
+        .retry_after(WATCHERS_RETRY_AFTER_SECS)
+    }
+
     /// 404 `snapshot_not_found`.
     #[must_use]
     pub fn snapshot_not_found(run_id: &str) -> Self {
@@ -290,6 +327,12 @@ impl From<CreateRunError> for ApiError {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_tool", detail).field("tools")
             }
             CreateRunError::ShuttingDown => Self::shutting_down(),
+            CreateRunError::TooManyActiveRuns(_) => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_active_runs",
+                detail,
+            )
+            .retry_after(1),
             CreateRunError::Store(error) => Self::internal(&error),
         }
     }
@@ -333,6 +376,9 @@ impl From<AnswerError> for ApiError {
 /// `Retry-After` of a `shutting_down` refusal, in seconds: about what a restart or a load
 /// balancer's switch to another replica takes.
 const SHUTDOWN_RETRY_AFTER_SECS: u32 = 5;
+
+/// `Retry-After` of a `too_many_watchers` refusal, in seconds.
+const WATCHERS_RETRY_AFTER_SECS: u32 = 5;
 
 /// Most bytes of a problem's `detail`; a longer one (one that would echo a long client value)
 /// is cut with a `… (truncated)` marker.

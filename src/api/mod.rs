@@ -3,9 +3,13 @@
 
 mod actions;
 mod agents;
+pub mod auth;
 mod compaction;
+mod docs;
 mod error;
 mod extract;
+pub mod limits;
+mod metrics;
 mod page;
 mod providers;
 mod runs;
@@ -19,12 +23,14 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::config::Config;
 use crate::runtime::Runtime;
 
 pub use error::{ApiError, Problem};
@@ -42,17 +48,61 @@ pub struct AppInner {
     pub shutdown: CancellationToken,
     /// Interval of SSE keep-alive comments.
     pub keep_alive: Duration,
+    /// The API keys (`[auth]`); none: every route is open.
+    pub auth: auth::Auth,
+    /// Rate and watcher limits and the CORS allow-list (`[limits]`).
+    pub limits: limits::Limits,
+    /// Renders `/metrics`; `None` when metrics are off.
+    pub metrics: Option<PrometheusHandle>,
 }
 
 impl AppState {
-    /// State over a runtime; `shutdown` ends open event streams when cancelled.
+    /// State over a runtime with no keys, no limits and no metrics; `shutdown` ends open
+    /// event streams when cancelled.
     #[must_use]
     pub fn new(runtime: Arc<Runtime>, shutdown: CancellationToken) -> Self {
+        Self::with(
+            runtime,
+            shutdown,
+            auth::Auth::default(),
+            limits::Limits::new(&Default::default(), 0),
+            None,
+        )
+    }
+
+    /// State over a runtime with the `[auth]`, `[limits]` and `[telemetry]` of `config`
+    /// (metrics on installs the process's Prometheus recorder).
+    #[must_use]
+    pub fn from_config(
+        runtime: Arc<Runtime>,
+        shutdown: CancellationToken,
+        config: &Config,
+    ) -> Self {
+        let auth = auth::Auth::new(&config.auth);
+        let limits = limits::Limits::new(&config.limits, auth.key_count());
+        let metrics = if config.telemetry.metrics {
+            crate::telemetry::metrics::install()
+        } else {
+            None
+        };
+        Self::with(runtime, shutdown, auth, limits, metrics)
+    }
+
+    fn with(
+        runtime: Arc<Runtime>,
+        shutdown: CancellationToken,
+        auth: auth::Auth,
+        limits: limits::Limits,
+        metrics: Option<PrometheusHandle>,
+    ) -> Self {
         let keep_alive = Duration::from_millis(runtime.config().keep_alive_ms.max(1));
         Self(Arc::new(AppInner {
             runtime,
             shutdown,
             keep_alive,
+            auth,
+            limits,
+            metrics,
         }))
     }
 }
@@ -83,12 +133,13 @@ impl std::ops::Deref for AppState {
                                          tools and limits a run can start from."),
         (name = "tools", description = "The tools runs may call."),
         (name = "providers", description = "The model providers runs may use."),
-        (name = "system", description = "Health and the API description.")
+        (name = "system", description = "Health, readiness and metrics.")
     )
 )]
 struct ApiDoc;
 
-fn router() -> OpenApiRouter<AppState> {
+/// The routes that need an API key when keys are configured: all but [`public_routes`].
+fn protected_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(runs::create_run, runs::list_runs))
         .routes(routes!(runs::create_run_stream))
@@ -118,6 +169,12 @@ fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::list_agents))
         .routes(routes!(tools::list_tools))
         .routes(routes!(providers::list_providers))
+        .routes(routes!(metrics::get_metrics))
+}
+
+/// The routes a load balancer probes: never behind a key ([`auth::PUBLIC_ROUTES`]).
+fn public_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .routes(routes!(system::get_health))
         .routes(routes!(system::get_readiness))
 }
@@ -125,15 +182,19 @@ fn router() -> OpenApiRouter<AppState> {
 /// The OpenAPI document of [`app`], as served at `/openapi.json`.
 #[must_use]
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    complete(router().split_for_parts().1)
+    let mut spec = protected_routes().split_for_parts().1;
+    spec.merge(public_routes().split_for_parts().1);
+    complete(spec)
 }
 
 /// What the route macros cannot say, added to every operation: any of them may answer
 /// `500 internal_error` (a store failure), and each `text/event-stream` response carries
 /// `x-itemSchema`, the OpenAPI 3.2 `itemSchema` of an SSE event (`id`, `event`, and `data`
 /// whose JSON is an `AgentEvent`), next to the 3.1 `schema` that already names `AgentEvent`.
+/// Every operation but the public probes states the bearer key and its `401`.
 fn complete(mut spec: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    secure(&mut spec);
     let internal = ResponseBuilder::new()
         .description("`internal_error`: the server failed (logged); retry later")
         .content(
@@ -185,12 +246,107 @@ fn complete(mut spec: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     spec
 }
 
-/// The whole HTTP app over `state`.
+/// Adds the security schemes (`bearer_auth`; `access_token` in the query, for the event
+/// stream only) and, on every operation that needs a key, its requirement and its `401`.
+fn secure(spec: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{
+        ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+    };
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    let components = spec.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "bearer_auth",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "An API key of `[auth] keys` (or `keys_env`) as `Authorization: Bearer \
+                     <key>`; required by every route but `/healthz` and `/readyz` when keys \
+                     are configured",
+                ))
+                .build(),
+        ),
+    );
+    components.add_security_scheme(
+        "access_token",
+        SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
+            auth::ACCESS_TOKEN,
+            "The API key as `?access_token=<key>`, for `GET /runs/{run_id}/events` only (a \
+             browser `EventSource` cannot set headers); never logged",
+        ))),
+    );
+    let unauthorized = ResponseBuilder::new()
+        .description(
+            "`unauthorized`: no API key, or not a configured one (with `WWW-Authenticate: \
+             Bearer`)",
+        )
+        .header(
+            "WWW-Authenticate",
+            utoipa::openapi::HeaderBuilder::new()
+                .schema(
+                    utoipa::openapi::ObjectBuilder::new()
+                        .schema_type(utoipa::openapi::Type::String),
+                )
+                .description(Some(
+                    "`Bearer realm=\"behest\"`, with `error=\"invalid_token\"` when a key was sent",
+                ))
+                .build(),
+        )
+        .content(
+            "application/problem+json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build(),
+        )
+        .build();
+    for (path, item) in &mut spec.paths.paths {
+        if auth::PUBLIC_ROUTES.contains(&path.as_str()) {
+            continue;
+        }
+        let bearer = SecurityRequirement::new("bearer_auth", Vec::<String>::new());
+        let requirements = if path == auth::EVENTS_ROUTE {
+            vec![
+                bearer,
+                SecurityRequirement::new("access_token", Vec::<String>::new()),
+            ]
+        } else {
+            vec![bearer]
+        };
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            operation.security = Some(requirements.clone());
+            operation
+                .responses
+                .responses
+                .entry("401".to_owned())
+                .or_insert_with(|| RefOr::T(unauthorized.clone()));
+        }
+    }
+}
+
+/// The whole HTTP app over `state`: the API (behind the API keys), the probes, the console and
+/// `/docs` (public, static), `/openapi.json`; every request counted in the metrics, traced
+/// with `access_token` redacted, and answered by the CORS allow-list.
 pub fn app(state: AppState) -> Router {
     let max_body = state.runtime.config().max_body_bytes;
-    let (router, spec) = router().split_for_parts();
+    let (protected, mut spec) = protected_routes().split_for_parts();
+    let (public, public_spec) = public_routes().split_for_parts();
+    spec.merge(public_spec);
     let spec = Arc::new(complete(spec));
-    router
+    let cors = state.limits.cors();
+    let router = protected
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ))
+        .merge(public)
+        .merge(docs::router())
         .route(
             "/openapi.json",
             axum::routing::get(move || {
@@ -204,9 +360,25 @@ pub fn app(state: AppState) -> Router {
             "/console/style.css",
             axum::routing::get(providers::console_css),
         )
+        .route_layer(axum::middleware::from_fn(metrics::tag_route))
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_body))
-        .layer(TraceLayer::new_for_http())
+        .layer(DefaultBodyLimit::max(max_body));
+    let router = match cors {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router
+        .layer(axum::middleware::from_fn(metrics::count_requests))
+        .layer(TraceLayer::new_for_http().make_span_with(
+            |request: &axum::http::Request<axum::body::Body>| {
+                tracing::debug_span!(
+                    "request",
+                    method = %request.method(),
+                    uri = %auth::redacted_uri(request.uri()),
+                    version = ?request.version(),
+                )
+            },
+        ))
         .with_state(state)
 }

@@ -39,7 +39,10 @@ pub struct ProviderList {
     pub providers: Vec<ProviderInfo>,
 }
 
-/// List the model providers and their models with context windows (no URLs, no keys).
+/// List the model providers and their models.
+///
+/// Each configured provider's id and wire format, and its models with their context windows
+/// and output limits, in tokens. No URLs and no keys are shown.
 #[utoipa::path(get, path = "/providers", tag = "providers",
     responses((status = 200, description = "The providers", body = ProviderList)))]
 pub async fn list_providers(State(state): State<AppState>) -> axum::Json<ProviderList> {

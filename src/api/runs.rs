@@ -11,7 +11,9 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::auth::Caller;
 use super::extract::{Json, Query};
+use super::limits::WatcherPermit;
 use super::page::RunListQuery;
 use super::{ApiError, AppState, Problem};
 use crate::domain::{
@@ -39,9 +41,11 @@ async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
 /// missing `client_request_id`.
 async fn start_run(
     state: &AppState,
+    caller: Caller,
     headers: &HeaderMap,
     mut request: CreateRunRequest,
 ) -> Result<CreatedRun, ApiError> {
+    state.limits.admit_run(caller)?;
     if let Some(key) = headers.get("idempotency-key") {
         let key = key.to_str().map_err(|_| {
             ApiError::new(
@@ -97,8 +101,11 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
         .and_then(TraceContext::from_traceparent)
 }
 
-/// Start a run (proto `RunService.CreateRun`). Returns at once; watch its events at
-/// `/runs/{run_id}/events`. A W3C `traceparent` header sets the events' `trace_id`.
+/// Start a run (proto `RunService.CreateRun`).
+///
+/// Returns at once; watch its events at `/runs/{run_id}/events`. A W3C `traceparent` header
+/// continues the caller's trace: it sets the events' `trace_id`, and the run's span is a child
+/// of the caller's.
 ///
 /// The run is defined by its fields, over its agent preset (`agent`, `GET /agents`) and its
 /// session's defaults: `instructions` (the system prompt), model parameters (`temperature`,
@@ -108,7 +115,7 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
 /// posts the output (`POST /runs/{run_id}/tool_outputs`, which shows the whole round trip); a
 /// call to a server tool that needs approval waits for `POST /runs/{run_id}/approvals`.
 #[utoipa::path(post, path = "/runs", tag = "runs",
-    request_body(content = CreateRunRequest, examples(
+    request_body(content = CreateRunRequest, description = "The run: its input, provider and model (or an agent preset or the session's defaults), optionally a session to continue, instructions, model parameters, tools, tool choice, limits and metadata", examples(
         ("demo" = (summary = "The built-in model, no configuration needed",
             value = json!({"provider": "demo", "model": "demo", "input": "What time is it?"}))),
         ("client_tools" = (summary = "Tools the client executes (see POST /runs/{run_id}/tool_outputs)",
@@ -135,14 +142,17 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`shutting_down`: the server is draining its runs before it stops and admits none; retry after `Retry-After` seconds (the next process, or another replica, takes the run)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+        (status = 429, description = "`rate_limited`: this API key created runs faster than `[limits] runs_per_minute`; `too_many_active_runs`: `[runtime] max_active_runs` runs are active (a create is refused, not queued); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 422, description = "`missing_field` (`input` absent, or `provider`/`model` absent and not given by the agent or the session), `invalid_field` (empty or blank, NUL character, `metadata` or `provider_options` not an object or over 16384 bytes, `provider_options` setting a key behest owns, `max_iterations` or `action_timeout_ms` out of range, a model parameter out of range — `max_output_tokens` above the model's, `temperature` above 1 or a `seed` for an Anthropic provider — a tool definition with a bad name, a schema that is not an object schema or does not compile, a name used twice or a server tool's, `approval` naming no server tool of the run, `tool_choice` without tools or naming none of the run's), `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body` (not a JSON object, a field of the wrong type, an unknown field); `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     Json(request): Json<CreateRunRequest>,
 ) -> Result<Response, ApiError> {
-    let created = start_run(&state, &headers, request).await?;
+    let created = start_run(&state, caller, &headers, request).await?;
     let body = CreateRunResponse {
         run_id: created.record.id,
         session_id: created.record.session_id,
@@ -153,10 +163,11 @@ pub async fn create_run(
 }
 
 /// Start a run and stream its events from sequence 1 (proto `RunService.CreateRunStream`).
+///
 /// The response's `X-Run-Id` header names the run; a client that disconnects resumes at
 /// `/runs/{run_id}/events` with `Last-Event-ID`. Disconnecting never cancels the run.
 #[utoipa::path(post, path = "/runs/stream", tag = "runs",
-    request_body = CreateRunRequest,
+    request_body(content = CreateRunRequest, description = "The run: provider, model and input, optionally a session to continue, tools, tool choice, limits and metadata"),
     params(
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
         ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Stands in for `client_request_id`; a retry attaches to the existing run's stream from sequence 1"),
@@ -172,21 +183,26 @@ pub async fn create_run(
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "`run_events_expired`: an identical earlier request created the run, which has ended and whose events retention removed (`GET /runs/{run_id}` still answers)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`shutting_down`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "`shutting_down`: as `POST /runs`; `too_many_watchers`: `[limits] max_watchers` event streams are open, or `max_watchers_per_key` for this API key (no run is started)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+        (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 422, description = "As `POST /runs`: `missing_field`, `invalid_field`, `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run_stream(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     Json(request): Json<CreateRunRequest>,
 ) -> Result<Response, ApiError> {
-    let created = start_run(&state, &headers, request).await?;
+    // The stream's place is taken before the run starts: a refused stream starts no run.
+    let permit = state.limits.open_watcher(caller)?;
+    let created = start_run(&state, caller, &headers, request).await?;
     if created.record.events_removed_at.is_some() {
         return Err(events_expired(&created.record));
     }
     // A retry with the same key attaches to the existing run's stream, from sequence 1.
-    let mut response = event_stream(&state, created.record.id, 0);
+    let mut response = event_stream(&state, created.record.id, 0, permit);
     response.headers_mut().extend(run_headers(&created)?);
     Ok(response)
 }
@@ -200,7 +216,11 @@ pub struct ListRunsResponse {
     pub next_cursor: Option<String>,
 }
 
-/// List runs, newest first, optionally by session and status (proto `RunService.ListRuns`).
+/// List runs, newest first (proto `RunService.ListRuns`).
+///
+/// Optionally only one session's runs, or those with one status. Pass `next_cursor` back as
+/// `cursor` for the next page; a page ends at `limit` runs or once its JSON passes the
+/// server's byte budget (`runtime.max_page_bytes`).
 #[utoipa::path(get, path = "/runs", tag = "runs",
     params(RunListQuery),
     responses(
@@ -224,9 +244,11 @@ pub async fn list_runs(
     Ok(axum::Json(ListRunsResponse { runs, next_cursor }))
 }
 
-/// Read a run (proto `RunService.GetRun`): its status, definition (agent, instructions,
-/// parameters, tools, limits) and outcome so far; while it is `requires_action`, the tool calls
-/// it waits for (`required_action`).
+/// Read a run (proto `RunService.GetRun`).
+///
+/// Its record as it is now: status, definition (agent, instructions, parameters, tools,
+/// limits), iterations, usage so far, finish reason and error once it ended; while it is
+/// `requires_action`, the tool calls it waits for (`required_action`).
 #[utoipa::path(get, path = "/runs/{run_id}", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
@@ -240,9 +262,12 @@ pub async fn get_run(
     Ok(axum::Json(load_run(&state, &run_id).await?))
 }
 
-/// What a finished run produced (proto `RunService.GetRunOutput`). A run that ended in the
-/// middle of a model call (cancelled, failed, interrupted) also shows the text it streamed, as
-/// an assistant message with `status: incomplete`.
+/// What a finished run produced (proto `RunService.GetRunOutput`).
+///
+/// Its assistant messages, finish reason, iterations and total usage; `409 run_not_finished`
+/// while it is still active. A run that ended in the middle of a model call (cancelled,
+/// failed, interrupted) also shows the text it streamed, as an assistant message with
+/// `status: incomplete`.
 #[utoipa::path(get, path = "/runs/{run_id}/output", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
@@ -297,8 +322,9 @@ pub struct CancelQuery {
     wait: bool,
 }
 
-/// Cancel a run (proto `RunService.CancelRun`): stops the model call and the loop and ends the
-/// run with one `run_cancelled`. Every cancel of an active run gets `202` (`200` with
+/// Cancel a run (proto `RunService.CancelRun`).
+///
+/// Stops the model call and the loop and ends the run with one `run_cancelled`. Every cancel of an active run gets `202` (`200` with
 /// `wait=true` once the run is terminal), also when a concurrent cancel ended the run while
 /// this request was being handled. A run that had finished before the request arrived is left
 /// alone (409 with its status).
@@ -387,8 +413,11 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
         })
 }
 
-/// Watch a run's events (proto `RunService.WatchRunEvents`): replay after the cursor, then live,
-/// each sequence exactly once, ending after the terminal event. Keep-alive comments every ~15 s.
+/// Watch a run's events (proto `RunService.WatchRunEvents`).
+///
+/// Replay after the cursor, then live, each sequence exactly once, ending after the terminal
+/// event. Keep-alive comments every ~15 s. A browser `EventSource` cannot set headers: it may
+/// pass the API key as `?access_token=` (this route only; never logged).
 /// When the server shuts down the stream ends early, with no terminal event: reconnect with
 /// `Last-Event-ID` (as `EventSource` does by itself) to continue at the next process, gaplessly.
 #[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",
@@ -404,11 +433,12 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
         (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "`run_events_expired`: the run ended more than `[runtime] event_retention_secs` ago and its events were removed (its record, session and messages are kept)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`shutting_down`: the server is draining before it stops; reconnect after `Retry-After` seconds (to the next process, which continues the stream from `Last-Event-ID`)", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "`shutting_down`: the server is draining before it stops; reconnect after `Retry-After` seconds (to the next process, which continues the stream from `Last-Event-ID`). `too_many_watchers`: `[limits] max_watchers` event streams are open, or `max_watchers_per_key` for this API key; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
     ))]
 pub async fn watch_run_events(
     State(state): State<AppState>,
+    caller: Caller,
     Path(raw_id): Path<String>,
     headers: HeaderMap,
     Query(query): Query<WatchQuery>,
@@ -440,7 +470,8 @@ pub async fn watch_run_events(
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
     }
-    Ok(event_stream(&state, record.id, after))
+    let permit = state.limits.open_watcher(caller)?;
+    Ok(event_stream(&state, record.id, after, permit))
 }
 
 /// 410 `run_events_expired` for a run whose events retention removed.
@@ -455,8 +486,9 @@ fn events_expired(record: &RunRecord) -> ApiError {
 }
 
 /// The SSE response of a watch: frames `id:`/`event:`/`data:`, keep-alives, no caching or
-/// proxy buffering; it ends after the terminal event or at shutdown.
-fn event_stream(state: &AppState, run_id: RunId, after: u64) -> Response {
+/// proxy buffering; it ends after the terminal event or at shutdown. `permit` counts it
+/// against the watcher caps while it is open.
+fn event_stream(state: &AppState, run_id: RunId, after: u64, permit: WatcherPermit) -> Response {
     let events = state
         .runtime
         .watch(run_id, after)
@@ -467,7 +499,8 @@ fn event_stream(state: &AppState, run_id: RunId, after: u64) -> Response {
             std::future::ready(item.is_ok())
         })
         .filter_map(|item| std::future::ready(item.ok()))
-        .map(|event| {
+        .map(move |event| {
+            let _open = &permit;
             Ok::<_, Infallible>(
                 Event::default()
                     .id(event.sequence.to_string())

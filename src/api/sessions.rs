@@ -168,6 +168,10 @@ pub struct ListSessionsResponse {
 }
 
 /// List sessions, newest first.
+///
+/// A page of sessions by last activity, newest first; pass `next_cursor` back as `cursor` for
+/// the next page. The page ends at `limit` sessions or once its JSON passes the server's byte
+/// budget (`runtime.max_page_bytes`).
 #[utoipa::path(get, path = "/sessions", tag = "sessions",
     params(ListSessionsQuery),
     responses(
@@ -193,6 +197,9 @@ pub async fn list_sessions(
 }
 
 /// Read a session.
+///
+/// The session's record: its id, when it was created and when it was last active (its
+/// messages are at `/sessions/{session_id}/messages`, its runs at `/runs?session_id=`).
 #[utoipa::path(get, path = "/sessions/{session_id}", tag = "sessions",
     params(("session_id" = String, Path, format = Uuid, description = "Session id")),
     responses(
@@ -236,12 +243,14 @@ pub struct MessagesQuery {
     cursor: Option<String>,
 }
 
-/// A session's message history, oldest first: roles, content parts, tool calls and tool
-/// results, the text of a model call cut off by its run's end (`status: incomplete`), and where
-/// each compaction happened with its summary (`compactions`). A page holds up to `limit`
-/// messages and stops once they pass the server's byte budget (`runtime.max_page_bytes`,
-/// default 1 MiB; the message that passes it is included); `next_cursor` continues. Each page
-/// reads only its own messages from the store.
+/// A session's message history.
+///
+/// Its messages oldest first: roles, content parts, tool calls and tool results, the text of a
+/// model call cut off by its run's end (`status: incomplete`), and where each compaction
+/// happened with its summary (`compactions`). A page holds up to `limit` messages and stops
+/// once they pass the server's byte budget (`runtime.max_page_bytes`, default 1 MiB; the
+/// message that passes it is included); `next_cursor` continues. Each page reads only its own
+/// messages from the store.
 #[utoipa::path(get, path = "/sessions/{session_id}/messages", tag = "sessions",
     params(("session_id" = String, Path, format = Uuid, description = "Session id"), MessagesQuery),
     responses(
@@ -339,6 +348,9 @@ pub async fn compact_session(
 }
 
 /// Delete a session with its runs, messages and events.
+///
+/// Everything stored of the session goes, in one transaction. A session with an active run is
+/// not deleted (409 `session_busy`): cancel the run first.
 #[utoipa::path(delete, path = "/sessions/{session_id}", tag = "sessions",
     params(("session_id" = String, Path, format = Uuid, description = "Session id")),
     responses(

@@ -17,6 +17,9 @@ pub struct Health {
 }
 
 /// Liveness: the process answers.
+///
+/// Always `200 {"status": "ok"}` while the process serves HTTP; it checks nothing else (see
+/// `/readyz`). Never needs an API key.
 #[utoipa::path(get, path = "/healthz", tag = "system",
     responses((status = 200, description = "The process is alive", body = Health)))]
 pub async fn get_health() -> Json<Health> {
@@ -30,6 +33,7 @@ pub async fn get_health() -> Json<Health> {
 /// From the first moment of
 /// a shutdown (SIGTERM/SIGINT) this answers 503 `shutting_down`, so a load balancer stops
 /// sending traffic while the process drains its runs (its listener stays open meanwhile).
+/// Never needs an API key.
 #[utoipa::path(get, path = "/readyz", tag = "system",
     responses(
         (status = 200, description = "Ready to take runs", body = Health),

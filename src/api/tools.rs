@@ -14,7 +14,10 @@ pub struct ToolList {
     pub tools: Vec<ToolInfo>,
 }
 
-/// List the tools configured on this server (MCP servers and HTTP tools).
+/// List the tools configured on this server.
+///
+/// Every tool runs may call, from MCP servers, HTTP tools and the built-in ones, with its
+/// description, the JSON Schema of its arguments and where it comes from.
 #[utoipa::path(get, path = "/tools", tag = "tools",
     responses((status = 200, description = "The tools", body = ToolList)))]
 pub async fn list_tools(State(state): State<AppState>) -> axum::Json<ToolList> {

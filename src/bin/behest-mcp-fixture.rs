@@ -1,6 +1,8 @@
 //! A tiny MCP server over stdio for the tool-registry tests. Tools: `add` {a, b} → structured
 //! `{"sum": a + b}`, `echo` {text} → the text, `fail` {} → an `isError` result, `sleep` {ms} →
-//! "slept" after `ms` milliseconds. `tools/list` answers in two pages (exercises pagination).
+//! "slept" after `ms` milliseconds, and, only when `BEHEST_MCP_FIXTURE_ENV_TOOL` is set in its
+//! environment, `env` {} → structured `{"vars": {NAME: value, …}}`, its whole environment (the
+//! isolation test reads it). `tools/list` answers in two pages (exercises pagination).
 //! When `BEHEST_MCP_FIXTURE_LOG` names a file, it appends `called <tool>` for every call and
 //! `cancelled <request id>` when a `sleep` is stopped by `notifications/cancelled`; the binary
 //! also logs `started <pid>` so tests can check that the process is gone after shutdown.
@@ -71,7 +73,7 @@ fn page(cursor: Option<&str>) -> ListToolsResult {
         result.next_cursor = Some("2".to_owned());
         return result;
     }
-    ListToolsResult::with_all_items(vec![
+    let mut tools = vec![
         Tool::new(
             "fail",
             "Always fails.",
@@ -86,7 +88,15 @@ fn page(cursor: Option<&str>) -> ListToolsResult {
                 "required": ["ms"]
             })),
         ),
-    ])
+    ];
+    if std::env::var_os("BEHEST_MCP_FIXTURE_ENV_TOOL").is_some() {
+        tools.push(Tool::new(
+            "env",
+            "Returns this server's environment variables.",
+            schema(json!({"type": "object", "properties": {}})),
+        ));
+    }
+    ListToolsResult::with_all_items(tools)
 }
 
 fn number(arguments: Option<&JsonObject>, key: &str) -> Result<f64, ErrorData> {
@@ -127,6 +137,12 @@ impl ServerHandler for Fixture {
                     .and_then(Value::as_str)
                     .unwrap_or_default();
                 CallToolResult::success(vec![ContentBlock::text(text)])
+            }
+            "env" => {
+                let vars: serde_json::Map<String, Value> = std::env::vars()
+                    .map(|(name, value)| (name, Value::String(value)))
+                    .collect();
+                CallToolResult::structured(json!({"vars": vars}))
             }
             "fail" => CallToolResult::error(vec![ContentBlock::text("this tool always fails")]),
             "sleep" => {

@@ -88,6 +88,7 @@ fn plan(policy: &RetryConfig, id: &str, attempt: u32, error: &ProviderError) -> 
         error = %error.message,
         "model call failed before any output; retrying"
     );
+    crate::telemetry::metrics::model_retry(id, error.class.as_str());
     Some(delay)
 }
 

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::domain::RunId;
 use crate::events::{AgentEvent, EventFeed, EventPayload, LoggedEvent};
 use crate::store::{EventWrite, RunChange, RunOutcome, Store, StoreError};
+use crate::telemetry;
 
 /// Why an event could not be logged.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +93,7 @@ impl EventLog {
                 next_sequence: last_sequence + 1,
                 closed: false,
             }),
+            span: Mutex::new(None),
         }
     }
 }
@@ -111,7 +113,11 @@ async fn write_loop(
             acks.push((pending.writes.len(), pending.done));
             writes.extend(pending.writes);
         }
+        let started = std::time::Instant::now();
         let result = append_with_retry(store.as_ref(), &owner, &writes).await;
+        if result.is_ok() {
+            telemetry::metrics::event_batch(writes.len(), started.elapsed());
+        }
         let mut written = writes.into_iter();
         for (count, done) in acks {
             let ack = match &result {
@@ -168,14 +174,7 @@ async fn append_with_retry(
     }
 }
 
-/// W3C trace context carried into every event's envelope.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TraceContext {
-    /// 32 lowercase hex chars, or empty.
-    pub trace_id: String,
-    /// 16 lowercase hex chars, or empty.
-    pub span_id: String,
-}
+pub use crate::telemetry::trace::TraceContext;
 
 #[derive(Debug)]
 struct EmitterState {
@@ -190,6 +189,8 @@ pub struct RunEmitter {
     trace: TraceContext,
     log: EventLog,
     state: Mutex<EmitterState>,
+    /// The run's span in this process, ended with the terminal event (or when dropped).
+    span: Mutex<Option<telemetry::trace::Span>>,
 }
 
 impl RunEmitter {
@@ -197,6 +198,20 @@ impl RunEmitter {
     #[must_use]
     pub fn run_id(&self) -> RunId {
         self.run_id
+    }
+
+    /// The trace context of the run's span: events emitted outside a model call's or a tool
+    /// execution's span carry its `span_id`.
+    #[must_use]
+    pub fn trace(&self) -> &TraceContext {
+        &self.trace
+    }
+
+    /// Gives the emitter the run's span, ended with the terminal event.
+    #[must_use]
+    pub fn with_span(self, span: telemetry::trace::Span) -> Self {
+        *self.span.lock().unwrap_or_else(PoisonError::into_inner) = Some(span);
+        self
     }
 
     /// Logs an event and waits until it is durable (and published). Returns its sequence.
@@ -241,11 +256,30 @@ impl RunEmitter {
         payload: EventPayload,
         outcome: RunOutcome,
     ) -> Result<u64, LogError> {
+        let status = outcome.status.as_str();
+        let finish_reason = outcome.finish_reason;
+        let error_type = match &payload {
+            EventPayload::RunFailed(failed) => Some((
+                failed.error_class.map_or("error", |class| class.as_str()),
+                failed.error.clone(),
+            )),
+            _ => None,
+        };
         let (first, last, ack) =
             self.enqueue(vec![(payload, Some(outcome), RunChange::default())])?;
         let result = self.settle(first, last, ack).await;
         if result.is_ok() {
             self.log.feed.close(self.run_id);
+            telemetry::metrics::run_finished(status);
+            let span = self
+                .span
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(span) = span {
+                let error = error_type.as_ref().map(|(t, m)| (*t, m.as_str()));
+                telemetry::spans::end_run(span, status, finish_reason, error);
+            }
         }
         result
     }
@@ -284,6 +318,10 @@ impl RunEmitter {
             return Err(LogError::Closed);
         }
         let first = state.next_sequence;
+        // The span the events are emitted in: a model call's or a tool execution's, else the
+        // run's.
+        let span_id = telemetry::trace::current_span_id()
+            .map_or_else(|| self.trace.span_id.clone(), |id| id.to_string());
         let mut writes = Vec::with_capacity(events.len());
         let mut closed = false;
         for (offset, (payload, outcome, change)) in (0..).zip(events) {
@@ -299,7 +337,7 @@ impl RunEmitter {
                 run_id: self.run_id,
                 timestamp: Utc::now(),
                 trace_id: self.trace.trace_id.clone(),
-                span_id: self.trace.span_id.clone(),
+                span_id: span_id.clone(),
                 payload,
             };
             let data =

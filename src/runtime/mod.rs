@@ -99,6 +99,9 @@ pub enum CreateRunError {
     /// The server is shutting down and admits no new runs.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// `[runtime] max_active_runs` runs are active in this process.
+    #[error("{0} runs are active, the most this server runs at once; retry shortly")]
+    TooManyActiveRuns(usize),
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),
@@ -341,8 +344,16 @@ impl Runtime {
         };
         // Registered (and its live feed opened) before the run is visible, so neither a cancel
         // nor a watcher can find it unowned.
+        {
+            let mut active = self.active();
+            if let Some(max) = self.config.max_active_runs
+                && active.len() >= max
+            {
+                return Err(CreateRunError::TooManyActiveRuns(max));
+            }
+            active.insert(run_id, ActiveRun::new(false));
+        }
         self.log.feed().open(run_id);
-        self.active().insert(run_id, ActiveRun::new(false));
         let stored = self.store.create_run(&new_run).await;
         match &stored {
             Ok(_) => {
@@ -387,6 +398,7 @@ impl Runtime {
             Err(other) => return Err(CreateRunError::Store(other)),
         };
         let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
+        crate::telemetry::metrics::run_created();
         self.start(record.clone(), model, trace, 0);
         Ok(CreatedRun {
             record,
@@ -414,17 +426,43 @@ impl Runtime {
             )
         };
         self.log.feed().open(run_id);
-        let emitter = Arc::new(self.log.emitter(run_id, last_sequence, trace));
+        let span = self.run_span(&record, trace.clone(), last_sequence > 0);
+        let emitter = Arc::new(
+            self.log
+                .emitter(run_id, last_sequence, trace)
+                .with_span(span),
+        );
         let runtime = self.clone();
         let tokens = run_loop::Tokens {
             cancel,
             abandon,
             answered,
         };
+        crate::telemetry::metrics::runs_active(1.0);
         self.tasks.spawn(async move {
             run_loop::supervise(&runtime, record, model, emitter, tokens, last_sequence > 0).await;
             runtime.active().remove(&run_id);
+            crate::telemetry::metrics::runs_active(-1.0);
         });
+    }
+
+    /// The span of a run executing (or ended) in this process.
+    fn run_span(
+        &self,
+        record: &RunRecord,
+        trace: TraceContext,
+        resumed: bool,
+    ) -> crate::telemetry::trace::Span {
+        let (run_id, session_id) = (record.id.to_string(), record.session_id.to_string());
+        let info = crate::telemetry::spans::RunInfo {
+            run_id: &run_id,
+            session_id: &session_id,
+            provider_id: &record.provider,
+            provider_kind: self.providers.get(&record.provider).map(|e| e.config.kind),
+            model: &record.model,
+            resumed,
+        };
+        crate::telemetry::spans::run(trace, &info)
     }
 
     /// Stops a run in this process without writing anything (another process owns it now).
@@ -569,10 +607,11 @@ impl TraceContext {
     /// A fresh trace for a run with no incoming `traceparent`: the run id as trace id.
     #[must_use]
     pub fn for_run(run_id: RunId) -> Self {
-        let span = uuid::Uuid::new_v4().simple().to_string();
         Self {
             trace_id: run_id.0.simple().to_string(),
-            span_id: span[..16].to_owned(),
+            span_id: crate::telemetry::trace::new_span_id(),
+            parent_span_id: String::new(),
+            sampled: true,
         }
     }
 
@@ -585,6 +624,8 @@ impl TraceContext {
     /// let trace = TraceContext::from_traceparent(header).unwrap();
     /// assert_eq!(trace.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
     /// assert_eq!(trace.span_id.len(), 16);
+    /// assert_eq!(trace.parent_span_id, "00f067aa0ba902b7");
+    /// assert!(trace.sampled);
     /// assert!(TraceContext::from_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
     /// assert!(TraceContext::from_traceparent("garbage").is_none());
     /// ```
@@ -605,12 +646,12 @@ impl TraceContext {
             && hex(flags, 2)
             && trace_id.bytes().any(|b| b != b'0')
             && parent.bytes().any(|b| b != b'0');
-        valid.then(|| {
-            let span = uuid::Uuid::new_v4().simple().to_string();
-            Self {
-                trace_id: trace_id.to_owned(),
-                span_id: span[..16].to_owned(),
-            }
+        let sampled = u8::from_str_radix(flags, 16).is_ok_and(|flags| flags & 1 == 1);
+        valid.then(|| Self {
+            trace_id: trace_id.to_owned(),
+            span_id: crate::telemetry::trace::new_span_id(),
+            parent_span_id: parent.to_owned(),
+            sampled,
         })
     }
 }

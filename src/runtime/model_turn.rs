@@ -2,10 +2,12 @@
 //! Every `tool_call_started` gets its `tool_call_completed`: a call the stream started and never
 //! completed is completed here with its argument text as `invalid_arguments`.
 
+use std::time::Instant;
+
 use futures::StreamExt;
 
-use super::RunEmitter;
 use super::tool_exec::{logged_events, new_message, text_field};
+use super::{ProviderEntry, RunEmitter};
 use crate::domain::{
     ContentPart, FinishReason, MessageStatus, Reasoning, Role, RunRecord, TokenUsage, ToolCall,
 };
@@ -13,8 +15,9 @@ use crate::events::{
     CacheMetrics, EventPayload, MessageCommitted, ModelRetrying, ReasoningDelta, TextDelta,
     ToolCallCompleted, ToolCallDelta, ToolCallStarted,
 };
-use crate::provider::{ModelEvent, ModelStream, ProviderError};
+use crate::provider::{ModelEvent, ModelRequest, ModelStream, ProviderError};
 use crate::store::{RunChange, Store, StoreError};
+use crate::telemetry;
 
 use super::event_log::LogError;
 
@@ -61,10 +64,125 @@ pub(super) enum TurnError {
     NoFinish,
 }
 
+/// One model call being made: its span (a child of the run's) and its timing, for the
+/// metrics. [`ModelCall::finish`] records its usage; dropped unfinished (the run stopped), its
+/// span ends without a result.
+pub(super) struct ModelCall {
+    span: Option<telemetry::trace::Span>,
+    provider: String,
+    model: String,
+    started: Instant,
+}
+
+impl ModelCall {
+    /// Records the call's usage (reported, or estimated) and ends it as `ok`.
+    pub fn finish(mut self, turn: &ModelTurn, usage: &TokenUsage) {
+        let cache = turn.cache.as_ref().map_or((0, 0), |c| {
+            (
+                c.cache_read_input_tokens + c.cached_input_tokens,
+                c.cache_creation_input_tokens,
+            )
+        });
+        telemetry::metrics::tokens(
+            &self.provider,
+            &self.model,
+            [
+                ("input", usage.input_tokens),
+                ("output", usage.output_tokens),
+                ("cache_read", cache.0),
+                ("cache_write", cache.1),
+            ],
+        );
+        if let Some(mut span) = self.span.take() {
+            telemetry::spans::model_result(&mut span, turn.finish_reason, usage, cache);
+            span.end();
+        }
+        self.end("ok");
+    }
+
+    fn end(&self, outcome: &'static str) {
+        telemetry::metrics::model_call(
+            &self.provider,
+            &self.model,
+            outcome,
+            self.started.elapsed(),
+        );
+    }
+
+    /// Ends the call as failed with `error`.
+    fn fail(mut self, error: &TurnError) {
+        let class = match error {
+            TurnError::Provider(error) | TurnError::Rejected(error) => error.class.as_str(),
+            TurnError::Log(_) => "internal",
+            TurnError::NoFinish => "transport",
+        };
+        if let Some(mut span) = self.span.take() {
+            span.fail(class, &error.to_string());
+            span.end();
+        }
+        self.end(class);
+    }
+}
+
+/// Makes one model call: sends `request` while `announce` (the events before the call, ending
+/// with its `model_started`) is committed, then emits what the call streams, in the call's
+/// span. The answer is only read once the events are durable, so nothing of the call precedes
+/// them in the log. On success the caller [`ModelCall::finish`]es the call with its usage.
+pub(super) async fn call_model(
+    emitter: &RunEmitter,
+    entry: &ProviderEntry,
+    provider_id: &str,
+    request: ModelRequest,
+    announce: Vec<(EventPayload, RunChange)>,
+    iteration: u32,
+) -> Result<(ModelTurn, ModelCall), TurnError> {
+    let info = telemetry::spans::ModelCallInfo {
+        provider_id,
+        provider_kind: entry.config.kind,
+        model: &request.model,
+        iteration,
+        max_tokens: request.max_output_tokens,
+    };
+    let span = telemetry::spans::model_call(emitter.trace(), &info);
+    let call = ModelCall {
+        span: None,
+        provider: provider_id.to_owned(),
+        model: request.model.clone(),
+        started: Instant::now(),
+    };
+    let result = async {
+        // A call made again (after a compaction) has nothing new to announce.
+        let (logged, stream) = if announce.is_empty() {
+            (Ok(0), span.scope(entry.provider.stream(request)).await)
+        } else {
+            tokio::join!(
+                emitter.emit_all(announce),
+                span.scope(entry.provider.stream(request))
+            )
+        };
+        logged?;
+        let stream = stream.map_err(TurnError::Rejected)?;
+        span.scope(read_model_stream(emitter, stream, &call)).await
+    }
+    .await;
+    let call = ModelCall {
+        span: Some(span),
+        ..call
+    };
+    match result {
+        Ok(turn) => Ok((turn, call)),
+        Err(error) => {
+            call.fail(&error);
+            Err(error)
+        }
+    }
+}
+
 /// Emits what one model call streams and collects its result.
 pub(super) async fn read_model_stream(
     emitter: &RunEmitter,
     mut stream: ModelStream,
+    call: &ModelCall,
 ) -> Result<ModelTurn, TurnError> {
     let mut turn = ModelTurn {
         text: String::new(),
@@ -79,6 +197,7 @@ pub(super) async fn read_model_stream(
     let mut open: Vec<(String, String, String)> = Vec::new();
     let mut finished = false;
     let mut output = false;
+    let mut first_output = true;
     while let Some(event) = stream.next().await {
         let event = match event {
             Ok(event) => event,
@@ -89,6 +208,22 @@ pub(super) async fn read_model_stream(
             event,
             ModelEvent::Retrying { .. } | ModelEvent::Usage { .. } | ModelEvent::Finished(_)
         );
+        if first_output
+            && matches!(
+                event,
+                ModelEvent::TextDelta(_)
+                    | ModelEvent::ReasoningDelta(_)
+                    | ModelEvent::ToolCallStarted { .. }
+                    | ModelEvent::ToolCallCompleted(_)
+            )
+        {
+            first_output = false;
+            telemetry::metrics::time_to_first_token(
+                &call.provider,
+                &call.model,
+                call.started.elapsed(),
+            );
+        }
         match event {
             ModelEvent::TextDelta(delta) => {
                 turn.text.push_str(&delta);
@@ -296,6 +431,15 @@ mod tests {
         (store, emitter, run_id)
     }
 
+    fn test_call() -> ModelCall {
+        ModelCall {
+            span: None,
+            provider: "p".to_owned(),
+            model: "m".to_owned(),
+            started: Instant::now(),
+        }
+    }
+
     fn stream(events: Vec<ModelEvent>) -> ModelStream {
         Box::pin(futures::stream::iter(events.into_iter().map(Ok)))
     }
@@ -335,7 +479,9 @@ mod tests {
             }),
             ModelEvent::Finished(FinishReason::ToolCalls),
         ];
-        let turn = read_model_stream(&emitter, stream(events)).await.unwrap();
+        let turn = read_model_stream(&emitter, stream(events), &test_call())
+            .await
+            .unwrap();
         assert_eq!(turn.reasoning, vec![block]);
         assert_eq!(turn.reasoning_text, "think");
         assert_eq!(turn.text, "Hi");
@@ -379,6 +525,7 @@ mod tests {
         let result = read_model_stream(
             &emitter,
             stream(vec![ModelEvent::TextDelta("Hi".to_owned())]),
+            &test_call(),
         )
         .await;
         assert!(matches!(result, Err(TurnError::NoFinish)));

@@ -118,7 +118,9 @@ impl Runtime {
             .await
     }
 
-    /// The trace context of the run's first event (a resumed run stays in its trace).
+    /// The trace context of a run continued by this process: its first event's trace (a
+    /// resumed run stays in its trace), a new span whose parent is the run span of the first
+    /// event (that of the process that started the run).
     async fn trace_of(&self, run_id: RunId) -> Result<TraceContext, StoreError> {
         let first = self.store.read_events(run_id, 0, 1).await?;
         let envelope = first
@@ -127,7 +129,9 @@ impl Runtime {
         Ok(match envelope {
             Some(envelope) => TraceContext {
                 trace_id: envelope["trace_id"].as_str().unwrap_or_default().to_owned(),
-                span_id: envelope["span_id"].as_str().unwrap_or_default().to_owned(),
+                span_id: crate::telemetry::trace::new_span_id(),
+                parent_span_id: envelope["span_id"].as_str().unwrap_or_default().to_owned(),
+                sampled: true,
             },
             None => TraceContext::for_run(run_id),
         })
@@ -144,9 +148,9 @@ impl Runtime {
         error: Option<String>,
     ) -> Result<(), StoreError> {
         let last = self.store.last_sequence(run.id).await?;
-        let emitter = self
-            .log
-            .emitter(run.id, last, TraceContext::for_run(run.id));
+        let trace = self.trace_of(run.id).await?;
+        let span = self.run_span(run, trace.clone(), true);
+        let emitter = self.log.emitter(run.id, last, trace).with_span(span);
         let reason = if status == RunStatus::Cancelled {
             tool_exec::CANCELLED
         } else {

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::agents::{self, Decision, RunAgent, WaitError};
 use super::compaction::{self, Conversation, Window};
-use super::model_turn::{ModelTurn, TurnError, keep_cut_off_text, read_model_stream};
+use super::model_turn::{self, ModelCall, ModelTurn, TurnError, keep_cut_off_text};
 use super::recovery::{self, Next, PendingCalls};
 use super::tokens::Reply;
 use super::tool_exec::{
@@ -427,7 +427,7 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 ..RunChange::default()
             },
         ));
-        let turn = call_model(&context, &mut progress, &entry, iteration, events).await?;
+        let (turn, call) = call_model(&context, &mut progress, &entry, iteration, events).await?;
 
         // A call without reported usage is estimated with the tokenizer, and marked so; a
         // reported one calibrates the session's estimates.
@@ -441,6 +441,7 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 tool_calls: &turn.tool_calls,
             })
         });
+        call.finish(&turn, &usage);
         progress.total_usage += usage;
         let recorded = RunChange {
             progress: Some((iteration, progress.total_usage)),
@@ -515,7 +516,7 @@ async fn call_model(
     entry: &ProviderEntry,
     iteration: u32,
     events: Vec<(EventPayload, RunChange)>,
-) -> Result<ModelTurn, RunFailure> {
+) -> Result<(ModelTurn, ModelCall), RunFailure> {
     let RunContext {
         runtime,
         record,
@@ -533,19 +534,16 @@ async fn call_model(
             progress.tools.clone(),
             tool_choice_for(&record.tool_choice, iteration),
         );
-        let stream = match events.take() {
-            Some(events) => {
-                let (logged, stream) =
-                    tokio::join!(emitter.emit_all(events), entry.provider.stream(request));
-                logged?;
-                stream
-            }
-            None => entry.provider.stream(request).await,
-        };
-        let turn = match stream {
-            Ok(stream) => read_model_stream(emitter, stream).await,
-            Err(error) => Err(TurnError::Rejected(error)),
-        };
+        let announce = events.take().unwrap_or_default();
+        let turn = model_turn::call_model(
+            emitter,
+            entry,
+            &record.provider,
+            request,
+            announce,
+            iteration,
+        )
+        .await;
         let error = match turn {
             Err(TurnError::Rejected(error)) if error.class == ErrorClass::ContextLengthExceeded => {
                 error
@@ -682,6 +680,7 @@ async fn run_tools(
             .and_then(|d| d.observe(turn_calls))
         {
             Some(description) => {
+                crate::telemetry::metrics::doom_loop();
                 emitter
                     .emit(EventPayload::DoomLoopDetected(DoomLoopDetected {
                         description: description.clone(),

@@ -16,6 +16,8 @@ use crate::events::{
     ToolExecutionStarted, ToolFailure, ToolSuccess,
 };
 use crate::store::{RunChange, Store, StoreError};
+use crate::telemetry;
+use crate::tools::ToolError;
 
 use super::event_log::LogError;
 
@@ -111,10 +113,57 @@ pub(super) async fn execute_tool(
     config: &RuntimeConfig,
     execution: Execution,
 ) -> Result<(ToolCall, Vec<ContentPart>), LogError> {
+    if let Execution::Logged(result) = &execution {
+        return Ok((call, tool_content(result)));
+    }
+    // Its span is the one its events are emitted in; metrics name only tools the registry
+    // knows (a model may call any name).
+    let mut span = telemetry::spans::tool_execution(emitter.trace(), &call.name, &call.id);
+    let tool = if runtime.tools().contains(&call.name) {
+        call.name.clone()
+    } else {
+        "unknown".to_owned()
+    };
+    let started = Instant::now();
+    let executed = span
+        .scope(run_tool(
+            runtime, emitter, in_flight, record, call, config, execution,
+        ))
+        .await;
+    if let Ok((_, _, failure)) = &executed {
+        telemetry::metrics::tool_execution(&tool, failure.is_none(), started.elapsed());
+        if let Some((error_type, message)) = failure {
+            span.fail(error_type, message);
+        }
+    }
+    span.end();
+    executed.map(|(call, content, _)| (call, content))
+}
+
+/// The result of a tool execution that failed: `error.type` and the error text.
+type ToolFailureInfo = Option<(&'static str, String)>;
+
+/// [`execute_tool`] within the execution's span.
+async fn run_tool(
+    runtime: &Runtime,
+    emitter: &RunEmitter,
+    in_flight: &InFlight,
+    record: &RunRecord,
+    call: ToolCall,
+    config: &RuntimeConfig,
+    execution: Execution,
+) -> Result<(ToolCall, Vec<ContentPart>, ToolFailureInfo), LogError> {
     match execution {
-        Execution::Logged(result) => return Ok((call, tool_content(&result))),
+        Execution::Logged(result) => return Ok((call, tool_content(&result), None)),
         Execution::Answered(result, waited_ms) => {
             let content = tool_content(&result);
+            // The client's answer: a failure it reported is the execution's error.
+            let failure = match &result {
+                ToolExecutionResult::Failure(failure) => {
+                    Some(("tool_error", failure.error.clone()))
+                }
+                ToolExecutionResult::Success(_) => None,
+            };
             emitter
                 .emit_with(
                     EventPayload::ToolExecutionFinished(ToolExecutionFinished {
@@ -129,7 +178,7 @@ pub(super) async fn execute_tool(
                     },
                 )
                 .await?;
-            return Ok((call, content));
+            return Ok((call, content, failure));
         }
         Execution::Interrupted => {
             let result = ToolExecutionResult::Failure(ToolFailure {
@@ -144,7 +193,7 @@ pub(super) async fn execute_tool(
                     duration_ms: 0,
                 }))
                 .await?;
-            return Ok((call, content));
+            return Ok((call, content, Some(("interrupted", INTERRUPTED.to_owned()))));
         }
         Execution::Run | Execution::Rerun => {}
     }
@@ -169,32 +218,48 @@ pub(super) async fn execute_tool(
         .server_tools()
         .is_none_or(|tools| tools.contains(&call.name));
     let outcome = if let Some(raw) = &call.invalid_arguments {
-        Err(format!(
-            "the arguments were not valid JSON: {}",
-            excerpt(raw, ARGUMENT_EXCERPT_BYTES)
+        Err((
+            "invalid_arguments",
+            format!(
+                "the arguments were not valid JSON: {}",
+                excerpt(raw, ARGUMENT_EXCERPT_BYTES)
+            ),
         ))
     } else if allowed {
         let timeout_ms = record.tool_timeout_ms.unwrap_or(config.tool_timeout_ms);
         let timeout = Duration::from_millis(timeout_ms);
         match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await
         {
-            Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err(format!("`{}` timed out after {timeout_ms} ms", call.name)),
+            Ok(result) => result.map_err(|error| {
+                let error_type = match &error {
+                    ToolError::UnknownTool(_) => "tool_not_found",
+                    ToolError::InvalidArguments { .. } => "invalid_arguments",
+                    ToolError::Failed(_) => "tool_error",
+                };
+                (error_type, error.to_string())
+            }),
+            Err(_) => Err((
+                "timeout",
+                format!("`{}` timed out after {timeout_ms} ms", call.name),
+            )),
         }
     } else {
-        Err(format!(
-            "the tool `{}` is not available to this run",
-            call.name
+        Err((
+            "tool_not_available",
+            format!("the tool `{}` is not available to this run", call.name),
         ))
     };
     let budget = config.max_tool_output_bytes;
+    let mut failure = None;
     let result = match outcome {
         Ok(output) => ToolExecutionResult::Success(ToolSuccess {
             output: truncate_output(output, budget),
         }),
-        Err(error) => ToolExecutionResult::Failure(ToolFailure {
-            error: truncate_text(&error, budget),
-        }),
+        Err((error_type, error)) => {
+            let error = truncate_text(&error, budget);
+            failure = Some((error_type, error.clone()));
+            ToolExecutionResult::Failure(ToolFailure { error })
+        }
     };
     let content = tool_content(&result);
     in_flight.remove(&call.id);
@@ -206,7 +271,7 @@ pub(super) async fn execute_tool(
             duration_ms: millis(started),
         }))
         .await?;
-    Ok((call, content))
+    Ok((call, content, failure))
 }
 
 /// The first `max` bytes of `text` (cut on a UTF-8 boundary), with `…` when cut.

@@ -2,6 +2,7 @@
 //! process's stdio or streamable HTTP; lists the server's tools and calls them.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
@@ -69,12 +70,21 @@ pub(super) async fn connect(
     let started = async {
         let service = match config {
             McpServerConfig::Stdio {
-                command, args, env, ..
+                command,
+                args,
+                env,
+                inherit_env,
+                ..
             } => {
                 let mut child = tokio::process::Command::new(command);
                 // Belt and braces: rmcp kills the child when the session ends; this also covers
                 // a runtime shut down before that cleanup task runs.
-                child.args(args).envs(env).kill_on_drop(true);
+                child
+                    .args(args)
+                    .env_clear()
+                    .envs(child_env(std::env::vars_os(), inherit_env))
+                    .envs(env)
+                    .kill_on_drop(true);
                 let transport = TokioChildProcess::new(child)
                     .map_err(|e| setup_error(format!("cannot start `{command}`: {e}")))?;
                 client_info()
@@ -120,6 +130,22 @@ pub(super) async fn connect(
         service: Mutex::new(Some(service)),
     };
     Ok((server, tools))
+}
+
+/// What a stdio MCP server inherits of the server's environment `vars`: `PATH`, `HOME`, the
+/// locale (`LANG`, `LANGUAGE`, `LC_*`) and the variables `inherit` names; nothing else (the
+/// server's environment holds provider API keys).
+fn child_env(
+    vars: impl Iterator<Item = (OsString, OsString)>,
+    inherit: &[String],
+) -> Vec<(OsString, OsString)> {
+    vars.filter(|(name, _)| {
+        let name = name.to_string_lossy();
+        matches!(name.as_ref(), "PATH" | "HOME" | "LANG" | "LANGUAGE")
+            || name.starts_with("LC_")
+            || inherit.iter().any(|wanted| *wanted == name)
+    })
+    .collect()
 }
 
 impl McpServer {
@@ -180,6 +206,31 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_child_gets_a_minimal_environment() {
+        let server: Vec<(OsString, OsString)> = [
+            ("PATH", "/bin"),
+            ("HOME", "/home/b"),
+            ("LC_ALL", "C.UTF-8"),
+            ("OPENAI_API_KEY", "sk-secret"),
+            ("GITHUB_TOKEN", "gh"),
+        ]
+        .iter()
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        .collect();
+        let names = |inherit: &[String]| -> Vec<String> {
+            child_env(server.clone().into_iter(), inherit)
+                .into_iter()
+                .map(|(k, _)| k.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(names(&[]), ["PATH", "HOME", "LC_ALL"]);
+        assert_eq!(
+            names(&["GITHUB_TOKEN".to_owned()]),
+            ["PATH", "HOME", "LC_ALL", "GITHUB_TOKEN"]
+        );
+    }
 
     #[test]
     fn results_map_to_values() {

@@ -19,6 +19,11 @@ pub struct DemoServer {
 
 impl DemoServer {
     pub async fn start() -> Self {
+        Self::start_with_env(&[]).await
+    }
+
+    /// [`DemoServer::start`] with extra environment variables (e.g. `BEHEST_AUTH__KEYS`).
+    pub async fn start_with_env(env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new(env!("CARGO_BIN_EXE_behest"))
             .args(["serve", "--bind", "127.0.0.1:0"])
@@ -28,6 +33,7 @@ impl DemoServer {
             .env_remove("BEHEST_BIND")
             .env_remove("RUST_LOG_FORMAT")
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)

@@ -42,6 +42,17 @@ impl ServerProcess {
     /// Writes `config_toml` to a file and starts `behest serve --bind 127.0.0.1:0 --config FILE
     /// --database-url DB_URL`; returns once it logged its listening address.
     pub async fn start(name: &str, config_toml: &str, db_url: &str) -> Self {
+        Self::start_with_env(name, config_toml, db_url, &[]).await
+    }
+
+    /// [`ServerProcess::start`] with these extra environment variables (e.g. a provider key,
+    /// `RUST_LOG`, `OTEL_*`).
+    pub async fn start_with_env(
+        name: &str,
+        config_toml: &str,
+        db_url: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut config = tempfile::Builder::new()
             .prefix("behest-")
             .suffix(".toml")
@@ -63,6 +74,7 @@ impl ServerProcess {
             .env_remove("BEHEST_BIND")
             .env_remove("RUST_LOG_FORMAT")
             .env("RUST_LOG", "info,sqlx=warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

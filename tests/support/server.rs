@@ -85,7 +85,11 @@ impl TestServer {
             .expect("built-in tools");
         let runtime = behest::server::runtime(&config, store, Arc::new(tools)).expect("runtime");
         let shutdown = CancellationToken::new();
-        let router = app(AppState::new(runtime.clone(), shutdown.clone()));
+        let router = app(AppState::from_config(
+            runtime.clone(),
+            shutdown.clone(),
+            &config,
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -193,6 +197,19 @@ impl TestServer {
     pub async fn get_json(&self, path: &str) -> Value {
         self.client
             .get(self.url(path))
+            .send()
+            .await
+            .expect("GET")
+            .json()
+            .await
+            .expect("JSON")
+    }
+
+    /// `GET path` with `Authorization: Bearer key`, as JSON.
+    pub async fn get_json_with(&self, path: &str, key: &str) -> Value {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(key)
             .send()
             .await
             .expect("GET")

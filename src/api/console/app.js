@@ -32,6 +32,11 @@ async function api(path, options = {}) {
   if (response.status === 204) return null;
   let body = null;
   try { body = await response.json(); } catch (_) { body = null; }
+  if (response.status === 401) {
+    // The server wants an API key: show where it goes.
+    const keyBox = $('api-key').closest('details');
+    if (keyBox) keyBox.open = true;
+  }
   if (!response.ok) {
     const detail = body && (body.detail || body.title);
     const error = new Error(detail || ('HTTP ' + response.status));

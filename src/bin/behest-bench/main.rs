@@ -439,6 +439,7 @@ async fn on_database(
         behest_bin: binary.to_owned(),
         dir: dir.to_owned(),
         postgres_url: args.postgres_url.clone(),
+        api_key: None,
     });
     let result = figures::measure(&ctx, db, figures).await;
     if result.is_err() {

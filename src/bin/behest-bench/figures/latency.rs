@@ -10,15 +10,15 @@ use crate::report::{Compare, Dist, Row, Target, ms};
 /// Time to first token, gaps between tokens and per-token delivery delay (provider write →
 /// client read), in ms.
 #[derive(Debug, Default, Clone)]
-struct Latency {
-    ttft: Dist,
-    gaps: Dist,
-    delay: Dist,
-    total: Dist,
+pub(super) struct Latency {
+    pub ttft: Dist,
+    pub gaps: Dist,
+    pub delay: Dist,
+    pub total: Dist,
 }
 
 impl Latency {
-    fn add(&mut self, trace: &Trace, sent: &[Instant]) {
+    pub(super) fn add(&mut self, trace: &Trace, sent: &[Instant]) {
         if let Some(first) = trace.tokens.first() {
             self.ttft.push(ms(first.duration_since(trace.sent_at)));
         }
@@ -142,7 +142,12 @@ pub(super) async fn latency_one(ctx: &Ctx, ttft: bool, gaps: bool) -> Result<Vec
     Ok(rows)
 }
 
-async fn wave(ctx: &Ctx, via_behest: bool, runs: usize, model: &'static str) -> Result<Latency> {
+pub(super) async fn wave(
+    ctx: &Ctx,
+    via_behest: bool,
+    runs: usize,
+    model: &'static str,
+) -> Result<Latency> {
     let tokens = ctx.plan.profile.tokens;
     let tasks: Vec<_> = (0..runs)
         .map(|_| {

@@ -23,6 +23,7 @@ mod compaction;
 mod fanout;
 mod idle_memory;
 mod latency;
+mod ops;
 mod restart;
 mod resume;
 mod storage;
@@ -166,6 +167,8 @@ pub enum Figure {
     /// The compaction check per model call at 10, 100 and 1,000 messages; the summariser's
     /// cost for a 200-turn session.
     Compaction,
+    /// Time to first token and gaps with API keys, metrics and OTLP tracing on vs off.
+    Ops,
 }
 
 /// Everything a figure needs; cheap to clone into tasks.
@@ -194,6 +197,8 @@ pub struct Inner {
     pub dir: PathBuf,
     /// The PostgreSQL server fresh databases are created on.
     pub postgres_url: String,
+    /// The API key sent as `Authorization: Bearer` (the ops figure's behest with keys).
+    pub api_key: Option<String>,
 }
 
 impl std::ops::Deref for Ctx {
@@ -226,6 +231,31 @@ impl Ctx {
         format!("{}{path}", self.behest_url)
     }
 
+    /// The same context aimed at another behest (`url`, `pid`), sending `api_key`.
+    fn aimed_at(&self, url: &str, pid: u32, api_key: Option<&str>) -> Self {
+        Self::new(Inner {
+            fake: self.fake.clone(),
+            behest_url: url.to_owned(),
+            behest_pid: pid,
+            client: self.client.clone(),
+            checks: self.checks.clone(),
+            plan: self.plan.clone(),
+            backend: self.backend,
+            behest_bin: self.behest_bin.clone(),
+            dir: self.dir.clone(),
+            postgres_url: self.postgres_url.clone(),
+            api_key: api_key.map(str::to_owned),
+        })
+    }
+
+    /// `request` with the API key, when there is one.
+    fn keyed(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
+    }
+
     /// `POST /v1/chat/completions` on the fake provider, as behest would send it.
     async fn direct(&self, model: &str, tag: &str) -> Result<(Instant, SseReader)> {
         let body = json!({
@@ -252,8 +282,7 @@ impl Ctx {
     async fn stream_run(&self, model: &str, tag: &str) -> Result<(Instant, String, SseReader)> {
         let sent_at = Instant::now();
         let response = self
-            .client
-            .post(self.url("/runs/stream"))
+            .keyed(self.client.post(self.url("/runs/stream")))
             .json(&json!({"provider": "fake", "model": model, "input": tag}))
             .send()
             .await?;
@@ -279,8 +308,7 @@ impl Ctx {
     /// `POST` of a run to `runs_url` (a `…/runs` URL, e.g. of a restarted behest): its id.
     async fn create_run_at(&self, runs_url: &str, model: &str, tag: &str) -> Result<String> {
         let response = self
-            .client
-            .post(runs_url)
+            .keyed(self.client.post(runs_url))
             .json(&json!({"provider": "fake", "model": model, "input": tag}))
             .send()
             .await?;
@@ -298,7 +326,7 @@ impl Ctx {
 
     /// `GET /runs/{id}/events`, resuming after `after` with `Last-Event-ID`.
     async fn watch(&self, run_id: &str, after: Option<u64>) -> Result<SseReader> {
-        let mut request = self.client.get(self.url(&format!("/runs/{run_id}/events")));
+        let mut request = self.keyed(self.client.get(self.url(&format!("/runs/{run_id}/events"))));
         if let Some(after) = after {
             request = request.header("Last-Event-ID", after.to_string());
         }
@@ -311,8 +339,10 @@ impl Ctx {
 
     async fn cancel(&self, run_id: &str) -> Result<()> {
         let response = self
-            .client
-            .post(self.url(&format!("/runs/{run_id}/cancel")))
+            .keyed(
+                self.client
+                    .post(self.url(&format!("/runs/{run_id}/cancel"))),
+            )
             .send()
             .await?;
         if !response.status().is_success() {
@@ -419,6 +449,10 @@ pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec
         step("compaction check and a 200-turn session");
         rows.extend(compaction::check(ctx));
         rows.extend(compaction::session_cost(ctx).await?);
+    }
+    if wants(Figure::Ops) {
+        step("auth, metrics and tracing on vs off");
+        rows.extend(ops::overhead(ctx).await?);
     }
     if wants(Figure::Throughput) {
         step("sustained short runs");

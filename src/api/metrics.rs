@@ -1,0 +1,73 @@
+//! `GET /metrics` (the Prometheus text exposition of the runtime's metrics, see
+//! `telemetry::metrics`) and the middleware that counts every HTTP request by route template.
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, AppState, Problem};
+use crate::telemetry;
+
+/// Prometheus metrics.
+///
+/// The server's counters, gauges and histograms in the Prometheus text exposition format
+/// (0.0.4): HTTP requests by route and status, runs created, active and finished by status,
+/// open event streams, events persisted with the event log's batch size and commit time,
+/// model calls with their duration and time to first token, tokens by kind, retries by error
+/// class, tool executions by tool and result, doom loops. Like any route it needs an API key
+/// when keys are configured, unless `[auth] metrics_public = true`.
+#[utoipa::path(get, path = "/metrics", tag = "system",
+    responses(
+        (status = 200, description = "The metrics, Prometheus text format 0.0.4", body = String,
+            content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        (status = 404, description = "`metrics_disabled`: the server runs with `[telemetry] metrics = false`", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let Some(handle) = &state.metrics else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "metrics_disabled",
+            "metrics are off on this server (`[telemetry] metrics = false`)",
+        ));
+    };
+    let mut response = handle.render().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(response)
+}
+
+/// The route template of the request a response answers (put there by [`tag_route`]).
+#[derive(Debug, Clone)]
+struct Route(MatchedPath);
+
+/// Route-layer middleware: remembers the route template on the response, for
+/// [`count_requests`] (which runs outside the router, where the template is not known).
+pub async fn tag_route(matched: MatchedPath, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    response.extensions_mut().insert(Route(matched));
+    response
+}
+
+/// Counts every request by method, route template (`unmatched` for unknown routes) and
+/// status, and times it to the response's head.
+pub async fn count_requests(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    let route = response
+        .extensions()
+        .get::<Route>()
+        .map_or("unmatched", |route| route.0.as_str());
+    telemetry::metrics::http_request(
+        method.as_str(),
+        route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}

@@ -1,0 +1,239 @@
+//! Prometheus metrics through the `metrics` facade: their names, the recorder (the
+//! `metrics-exporter-prometheus` exporter, rendered at `/metrics` through its handle; no
+//! listener of its own) and one small function per thing the runtime counts, so each hook in
+//! the runtime is one line. Histograms are Prometheus histograms (`_bucket`, `_sum`,
+//! `_count`), in seconds or events. Without an installed recorder every function is a no-op.
+//!
+//! Label values come from the configuration (provider ids, model names, tool names the
+//! registry knows) or closed sets (statuses, error classes), never from a client or a model,
+//! so the number of series stays bounded.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// HTTP requests by `method`, `route` (the route template, e.g. `/runs/{run_id}`, or
+/// `unmatched`) and `status`.
+pub const HTTP_REQUESTS: &str = "behest_http_requests_total";
+/// Time from a request's arrival to its response's head, by `method`, `route`, `status`, in
+/// seconds (an event stream counts until its head, not while it streams).
+pub const HTTP_DURATION: &str = "behest_http_request_duration_seconds";
+/// Runs created by this process.
+pub const RUNS_CREATED: &str = "behest_runs_created_total";
+/// Runs ended by this process, by terminal `status` (`completed`, `failed`, `cancelled`).
+pub const RUNS_FINISHED: &str = "behest_runs_finished_total";
+/// Runs executing in this process now.
+pub const RUNS_ACTIVE: &str = "behest_runs_active";
+/// Event streams (SSE watchers) open now.
+pub const SSE_WATCHERS: &str = "behest_sse_watchers";
+/// Events written to the store (persisted before they are published).
+pub const EVENTS_PERSISTED: &str = "behest_events_persisted_total";
+/// Events per group-commit batch of the event log.
+pub const EVENT_BATCH_SIZE: &str = "behest_event_log_batch_events";
+/// Time one event-log batch takes to commit (retries included), in seconds.
+pub const EVENT_COMMIT: &str = "behest_event_log_commit_seconds";
+/// Model calls by `provider`, `model` and `outcome` (`ok`, or the error class).
+pub const MODEL_CALLS: &str = "behest_model_calls_total";
+/// Time of a whole model call, request to last chunk, by `provider` and `model`, in seconds.
+pub const MODEL_DURATION: &str = "behest_model_call_duration_seconds";
+/// Time from a model request to its first output (text, reasoning or a tool call), by
+/// `provider` and `model`, in seconds.
+pub const MODEL_TTFT: &str = "behest_model_time_to_first_token_seconds";
+/// Tokens by `provider`, `model` and `kind` (`input`, `output`, `cache_read`,
+/// `cache_write`); the tokenizer's estimate when a provider reports none.
+pub const MODEL_TOKENS: &str = "behest_model_tokens_total";
+/// Retries of model calls by `provider` and `error_class`.
+pub const MODEL_RETRIES: &str = "behest_model_retries_total";
+/// Tool executions by `tool` and `result` (`success`, `failure`).
+pub const TOOL_EXECUTIONS: &str = "behest_tool_executions_total";
+/// Time of one tool execution, by `tool`, in seconds.
+pub const TOOL_DURATION: &str = "behest_tool_execution_duration_seconds";
+/// Doom loops detected (each ends its run).
+pub const DOOM_LOOPS: &str = "behest_doom_loops_total";
+
+/// Bucket bounds of the histograms in seconds: 1 ms to 5 min.
+const SECONDS_BUCKETS: [f64; 17] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+/// Bucket bounds of the event-log batch size.
+const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+/// How often histograms are folded into their buckets between scrapes.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process's Prometheus recorder, installed as the global `metrics` recorder on the first
+/// call; `None` when another recorder was installed first (then nothing is rendered).
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let built = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), &SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(EVENT_BATCH_SIZE.to_owned()),
+                        &BATCH_BUCKETS,
+                    )
+                })
+                .and_then(PrometheusBuilder::install_recorder);
+            match built {
+                Ok(handle) => {
+                    describe();
+                    let upkeep = handle.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("metrics-upkeep".to_owned())
+                        .spawn(move || {
+                            loop {
+                                std::thread::sleep(UPKEEP_INTERVAL);
+                                upkeep.run_upkeep();
+                            }
+                        });
+                    if let Err(error) = spawned {
+                        tracing::warn!(%error, "no metrics upkeep thread; scrapes still render");
+                    }
+                    Some(handle)
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "metrics recorder not installed");
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+/// The `# HELP` lines.
+fn describe() {
+    use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        HTTP_REQUESTS,
+        "HTTP requests by method, route template and status"
+    );
+    describe_histogram!(
+        HTTP_DURATION,
+        Unit::Seconds,
+        "Request arrival to response head, by method, route template and status"
+    );
+    describe_counter!(RUNS_CREATED, "Runs created");
+    describe_counter!(RUNS_FINISHED, "Runs ended, by terminal status");
+    describe_gauge!(RUNS_ACTIVE, "Runs executing in this process");
+    describe_gauge!(SSE_WATCHERS, "Event streams (SSE watchers) open");
+    describe_counter!(EVENTS_PERSISTED, "Events written to the store");
+    describe_histogram!(EVENT_BATCH_SIZE, "Events per event-log group commit");
+    describe_histogram!(
+        EVENT_COMMIT,
+        Unit::Seconds,
+        "Commit time of one event-log batch"
+    );
+    describe_counter!(MODEL_CALLS, "Model calls by provider, model and outcome");
+    describe_histogram!(
+        MODEL_DURATION,
+        Unit::Seconds,
+        "Model call, request to last chunk"
+    );
+    describe_histogram!(
+        MODEL_TTFT,
+        Unit::Seconds,
+        "Model request to its first output"
+    );
+    describe_counter!(MODEL_TOKENS, "Tokens by provider, model and kind");
+    describe_counter!(
+        MODEL_RETRIES,
+        "Model call retries by provider and error class"
+    );
+    describe_counter!(TOOL_EXECUTIONS, "Tool executions by tool and result");
+    describe_histogram!(
+        TOOL_DURATION,
+        Unit::Seconds,
+        "Duration of one tool execution"
+    );
+    describe_counter!(DOOM_LOOPS, "Doom loops detected");
+}
+
+/// One answered HTTP request.
+pub fn http_request(method: &str, route: &str, status: u16, elapsed: Duration) {
+    let labels = [
+        ("method", method.to_owned()),
+        ("route", route.to_owned()),
+        ("status", status.to_string()),
+    ];
+    ::metrics::counter!(HTTP_REQUESTS, &labels).increment(1);
+    ::metrics::histogram!(HTTP_DURATION, &labels).record(elapsed.as_secs_f64());
+}
+
+/// A run was created.
+pub fn run_created() {
+    ::metrics::counter!(RUNS_CREATED).increment(1);
+}
+
+/// A run's terminal event was written, with its `status`.
+pub fn run_finished(status: &'static str) {
+    ::metrics::counter!(RUNS_FINISHED, "status" => status).increment(1);
+}
+
+/// A run started (`+1`) or stopped (`-1`) executing in this process.
+pub fn runs_active(delta: f64) {
+    ::metrics::gauge!(RUNS_ACTIVE).increment(delta);
+}
+
+/// An event stream opened (`+1`) or closed (`-1`).
+pub fn sse_watchers(delta: f64) {
+    ::metrics::gauge!(SSE_WATCHERS).increment(delta);
+}
+
+/// One event-log batch of `events` committed in `elapsed`.
+pub fn event_batch(events: usize, elapsed: Duration) {
+    ::metrics::counter!(EVENTS_PERSISTED).increment(events as u64);
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a batch holds at most a few thousand"
+    )]
+    ::metrics::histogram!(EVENT_BATCH_SIZE).record(events as f64);
+    ::metrics::histogram!(EVENT_COMMIT).record(elapsed.as_secs_f64());
+}
+
+/// A model call ended: `outcome` is `ok` or its error class; `elapsed` from request to end.
+pub fn model_call(provider: &str, model: &str, outcome: &'static str, elapsed: Duration) {
+    let (provider, model) = (provider.to_owned(), model.to_owned());
+    ::metrics::counter!(MODEL_CALLS, "provider" => provider.clone(), "model" => model.clone(), "outcome" => outcome)
+        .increment(1);
+    ::metrics::histogram!(MODEL_DURATION, "provider" => provider, "model" => model)
+        .record(elapsed.as_secs_f64());
+}
+
+/// A model call's first output arrived `elapsed` after its request.
+pub fn time_to_first_token(provider: &str, model: &str, elapsed: Duration) {
+    ::metrics::histogram!(MODEL_TTFT, "provider" => provider.to_owned(), "model" => model.to_owned())
+        .record(elapsed.as_secs_f64());
+}
+
+/// Tokens of one model call, by kind (`input`, `output`, `cache_read`, `cache_write`).
+pub fn tokens(provider: &str, model: &str, counts: [(&'static str, u64); 4]) {
+    for (kind, count) in counts {
+        if count > 0 {
+            ::metrics::counter!(MODEL_TOKENS, "provider" => provider.to_owned(), "model" => model.to_owned(), "kind" => kind)
+                .increment(count);
+        }
+    }
+}
+
+/// A model call is retried after failing with `error_class`.
+pub fn model_retry(provider: &str, error_class: &'static str) {
+    ::metrics::counter!(MODEL_RETRIES, "provider" => provider.to_owned(), "error_class" => error_class)
+        .increment(1);
+}
+
+/// A tool execution ended with `success` or not, after `elapsed`.
+pub fn tool_execution(tool: &str, success: bool, elapsed: Duration) {
+    let result = if success { "success" } else { "failure" };
+    ::metrics::counter!(TOOL_EXECUTIONS, "tool" => tool.to_owned(), "result" => result)
+        .increment(1);
+    ::metrics::histogram!(TOOL_DURATION, "tool" => tool.to_owned()).record(elapsed.as_secs_f64());
+}
+
+/// A doom loop was detected.
+pub fn doom_loop() {
+    ::metrics::counter!(DOOM_LOOPS).increment(1);
+}
