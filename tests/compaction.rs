@@ -660,6 +660,33 @@ async fn a_failing_summariser_trips_the_breaker(backend: Backend) {
             );
         }
         assert_eq!(opened.len(), 1, "the run that tripped it says so, once");
+        // The metrics count the failed attempts (the process's recorder is shared by the tests
+        // running beside this one, so at least these three) and show the breaker.
+        let metrics = server
+            .client
+            .get(server.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let failed_auto: f64 = metrics
+            .lines()
+            .filter(|line| {
+                line.starts_with("behest_compactions_total{")
+                    && line.contains("trigger=\"auto\"")
+                    && line.contains("outcome=\"failed\"")
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+            .sum();
+        assert!(failed_auto >= 3.0, "{metrics}");
+        assert!(
+            metrics
+                .lines()
+                .any(|line| line.starts_with("behest_compaction_circuit_open ")),
+            "{metrics}"
+        );
         assert_eq!(opened[0].json()["consecutive_failures"], 3);
         let breaker = server.get_json("/compaction/circuit-breaker").await;
         assert_eq!(breaker["is_open"], true, "{breaker}");

@@ -272,6 +272,17 @@ async fn metrics_count_a_run_and_keys_stay_out_of_the_log() {
         2.0
     );
     assert_eq!(value(&after, "behest_doom_loops_total", &[]), 0.0);
+    // The compaction circuit breaker, read from the store: closed, nothing counted.
+    for gauge in [
+        "behest_compaction_circuit_open",
+        "behest_compaction_consecutive_failures",
+    ] {
+        assert!(
+            after.samples.iter().any(|s| s.metric == gauge),
+            "{gauge} is exposed:\n{text}"
+        );
+        assert_eq!(value(&after, gauge, &[]), 0.0);
+    }
 
     // The key is nowhere: not in the metrics, not in the log (whose request lines show the
     // event stream's URI with the token redacted).

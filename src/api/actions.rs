@@ -162,7 +162,7 @@ async fn answer(
 /// ```
 #[utoipa::path(post, path = "/runs/{run_id}/tool_outputs", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
-    request_body = ToolOutputsRequest,
+    request_body(content = ToolOutputsRequest, description = "One answer (`output` or `error`) for every call the run waits for"),
     responses(
         (status = 202, description = "Stored; the run resumes. The run as it is now (its status may still show `requires_action` for a moment, or for its `approval` calls)", body = RunRecord),
         (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
@@ -226,7 +226,7 @@ pub async fn submit_tool_outputs(
 /// ```
 #[utoipa::path(post, path = "/runs/{run_id}/approvals", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
-    request_body = ApprovalsRequest,
+    request_body(content = ApprovalsRequest, description = "One decision (`approve`, optional `reason`) for every call the run waits for"),
     responses(
         (status = 202, description = "Stored; the run resumes. The run as it is now", body = RunRecord),
         (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),

@@ -57,8 +57,11 @@ pub struct AgentList {
     pub agents: Vec<AgentInfo>,
 }
 
-/// List the agent presets runs may name in `agent` (config `[agents.<name>]`), with what each
-/// sets: provider, model, instructions, parameters, tools, approvals, limits.
+/// List the agent presets.
+///
+/// The presets runs may name in `agent` (config `[agents.<name>]`), sorted by name, with what
+/// each sets: provider, model, instructions, parameters, tools, approvals, limits. No secrets:
+/// a preset holds none.
 #[utoipa::path(get, path = "/agents", tag = "agents",
     responses((status = 200, description = "The agent presets", body = AgentList)))]
 pub async fn list_agents(State(state): State<AppState>) -> axum::Json<AgentList> {

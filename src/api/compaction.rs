@@ -185,6 +185,11 @@ async fn update(
 }
 
 /// Read the compaction settings (proto `CompactionService.GetCompactionConfig`).
+///
+/// The settings in force: the ones stored through `PUT`/`PATCH /compaction` once there are any,
+/// else the config file's `[compaction]`, else the seed's defaults (`auto` true, `prune` false,
+/// `buffer_tokens` 20000, `keep_tokens` 8000, `tail_turns` 2, `model` and `provider` empty: the
+/// run's own, `circuit_breaker_threshold` 3).
 #[utoipa::path(get, path = "/compaction", tag = "compaction",
     responses((status = 200, description = "The settings in force", body = CompactionConfig)))]
 pub async fn get_compaction_config(
@@ -199,7 +204,7 @@ pub async fn get_compaction_config(
 /// config file's `[compaction]`) and apply from the next model call of any run. A rejected
 /// request changes nothing.
 #[utoipa::path(put, path = "/compaction", tag = "compaction",
-    request_body = CompactionConfig,
+    request_body(content = CompactionConfig, description = "Every setting (all eight fields required, no others)"),
     responses(
         (status = 200, description = "The settings now in force", body = CompactionConfig),
         (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
@@ -220,7 +225,7 @@ pub async fn replace_compaction_config(
 /// applied like `PUT /compaction`. `Content-Type: application/merge-patch+json` or
 /// `application/json`.
 #[utoipa::path(patch, path = "/compaction", tag = "compaction",
-    request_body(content(
+    request_body(description = "The settings to change (any of the eight; `null` restores a field's initial value)", content(
         (CompactionConfigPatch = "application/merge-patch+json"),
         (CompactionConfigPatch = "application/json"),
     )),
@@ -251,8 +256,10 @@ pub async fn get_circuit_breaker(
     Ok(axum::Json(state.runtime.circuit_breaker().await?))
 }
 
-/// Reset the compaction circuit breaker: closed, no failures counted, compaction attempted
-/// again from the next model call.
+/// Reset the compaction circuit breaker.
+///
+/// Closes it and clears its failure count and last error: compaction is attempted again from
+/// the next model call of any run.
 #[utoipa::path(post, path = "/compaction/circuit-breaker/reset", tag = "compaction",
     responses((status = 200, description = "The breaker after the reset", body = CircuitBreaker)))]
 pub async fn reset_circuit_breaker(

@@ -17,7 +17,8 @@ use crate::telemetry;
 /// (0.0.4): HTTP requests by route and status, runs created, active and finished by status,
 /// open event streams, events persisted with the event log's batch size and commit time,
 /// model calls with their duration and time to first token, tokens by kind, retries by error
-/// class, tool executions by tool and result, doom loops. Like any route it needs an API key
+/// class, tool executions by tool and result, doom loops, compactions by trigger and outcome,
+/// and the compaction circuit breaker's state. Like any route it needs an API key
 /// when keys are configured, unless `[auth] metrics_public = true`.
 #[utoipa::path(get, path = "/metrics", tag = "system",
     responses(
@@ -33,6 +34,9 @@ pub async fn get_metrics(State(state): State<AppState>) -> Result<Response, ApiE
             "metrics are off on this server (`[telemetry] metrics = false`)",
         ));
     };
+    // The breaker lives in the store (shared by every process on it): read at each scrape.
+    let breaker = state.runtime.circuit_breaker().await?;
+    telemetry::metrics::circuit_breaker(breaker.is_open, breaker.consecutive_failures);
     let mut response = handle.render().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

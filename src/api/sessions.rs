@@ -43,12 +43,14 @@ impl Body for UpdateSessionRequest {
     }
 }
 
-/// Create a session: its title, metadata, and the defaults its runs take when they do not
-/// say (agent, provider, model, instructions, parameters). `POST /runs` without a
+/// Create a session.
+///
+/// Its title, metadata, and the defaults its runs take when they do not say (agent,
+/// provider, model, instructions, parameters). `POST /runs` without a
 /// `session_id` creates one too; a session made here starts empty, and its first run fills in
 /// the defaults it lacks with that run's agent, provider, model and instructions.
 #[utoipa::path(post, path = "/sessions", tag = "sessions",
-    request_body(content = CreateSessionRequest, example = json!({
+    request_body(content = CreateSessionRequest, description = "The session's title, metadata and run defaults (every field optional)", example = json!({
         "title": "Support chat",
         "metadata": {"customer": "c-42"},
         "defaults": {"provider": "demo", "model": "demo", "instructions": "Answer in French.",
@@ -76,11 +78,13 @@ pub async fn create_session(
         .into_response())
 }
 
-/// Change a session's title or metadata (the fields given replace the session's; `"title":
-/// null` removes the title).
+/// Change a session's title or metadata.
+///
+/// The fields given replace the session's (`"title": null` removes the title); the others
+/// stay.
 #[utoipa::path(patch, path = "/sessions/{session_id}", tag = "sessions",
     params(("session_id" = String, Path, format = Uuid, description = "Session id")),
-    request_body(content = UpdateSessionRequest, example = json!({"title": "Billing question"})),
+    request_body(content = UpdateSessionRequest, description = "The title and/or metadata to set", example = json!({"title": "Billing question"})),
     responses(
         (status = 200, description = "The session as changed", body = Session),
         (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
@@ -302,7 +306,9 @@ pub async fn list_session_messages(
     }))
 }
 
-/// Compact a session now: the context its next run would start from is summarised — older
+/// Compact a session now.
+///
+/// The context its next run would start from is summarised — older
 /// turns replaced by a summary, the newest kept verbatim, as an automatic compaction does — by
 /// the compaction model (`/compaction`'s `provider`/`model`, else the model of the session's
 /// latest run). The original messages stay; the compaction is listed with them at

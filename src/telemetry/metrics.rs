@@ -51,6 +51,14 @@ pub const TOOL_EXECUTIONS: &str = "behest_tool_executions_total";
 pub const TOOL_DURATION: &str = "behest_tool_execution_duration_seconds";
 /// Doom loops detected (each ends its run).
 pub const DOOM_LOOPS: &str = "behest_doom_loops_total";
+/// Compactions attempted by `trigger` (`auto`, `reactive`, `manual`) and `outcome`
+/// (`compacted`, `failed`: an error, an empty summary, one that did not shrink the request).
+pub const COMPACTIONS: &str = "behest_compactions_total";
+/// 1 while the compaction circuit breaker is open, else 0 (the store's state, read at each
+/// scrape: shared by every process on the database).
+pub const BREAKER_OPEN: &str = "behest_compaction_circuit_open";
+/// Consecutive failed compactions the circuit breaker has counted (read at each scrape).
+pub const BREAKER_FAILURES: &str = "behest_compaction_consecutive_failures";
 
 /// Bucket bounds of the histograms in seconds: 1 ms to 5 min.
 const SECONDS_BUCKETS: [f64; 17] = [
@@ -150,6 +158,15 @@ fn describe() {
         "Duration of one tool execution"
     );
     describe_counter!(DOOM_LOOPS, "Doom loops detected");
+    describe_counter!(COMPACTIONS, "Compactions attempted, by trigger and outcome");
+    describe_gauge!(
+        BREAKER_OPEN,
+        "1 while the compaction circuit breaker is open"
+    );
+    describe_gauge!(
+        BREAKER_FAILURES,
+        "Consecutive failed compactions counted by the circuit breaker"
+    );
 }
 
 /// One answered HTTP request.
@@ -236,4 +253,16 @@ pub fn tool_execution(tool: &str, success: bool, elapsed: Duration) {
 /// A doom loop was detected.
 pub fn doom_loop() {
     ::metrics::counter!(DOOM_LOOPS).increment(1);
+}
+
+/// A compaction attempt by `trigger` ended: `compacted` or `failed`.
+pub fn compaction(trigger: &'static str, compacted: bool) {
+    let outcome = if compacted { "compacted" } else { "failed" };
+    ::metrics::counter!(COMPACTIONS, "trigger" => trigger, "outcome" => outcome).increment(1);
+}
+
+/// The circuit breaker's state as the store has it now.
+pub fn circuit_breaker(open: bool, consecutive_failures: u32) {
+    ::metrics::gauge!(BREAKER_OPEN).set(if open { 1.0 } else { 0.0 });
+    ::metrics::gauge!(BREAKER_FAILURES).set(f64::from(consecutive_failures));
 }

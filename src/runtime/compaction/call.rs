@@ -11,6 +11,7 @@ use crate::provider::{ProviderError, ToolSpec};
 use crate::runtime::Runtime;
 use crate::runtime::event_log::{LogError, RunEmitter};
 use crate::store::{RunChange, StoreError};
+use crate::telemetry;
 
 /// A model's limits for one call, in tokens.
 #[derive(Debug, Clone, Copy)]
@@ -193,8 +194,10 @@ impl Call<'_> {
         total_usage: &mut TokenUsage,
         preamble: &mut Vec<(EventPayload, RunChange)>,
     ) -> Result<Option<String>, Stop> {
+        let trigger = job.trigger.as_str();
         match job.run(conversation).await? {
             Attempt::Compacted(candidate) => {
+                telemetry::metrics::compaction(trigger, true);
                 let compaction = candidate.compaction.clone();
                 *total_usage += compaction.usage;
                 let mut events = std::mem::take(preamble);
@@ -224,6 +227,7 @@ impl Call<'_> {
             }
             Attempt::NotAttempted(reason) => Ok(Some(reason)),
             Attempt::Failed { message, usage } => {
+                telemetry::metrics::compaction(trigger, false);
                 *total_usage += usage;
                 let failure = self
                     .runtime

@@ -24,6 +24,7 @@ use crate::domain::{
     SettingsProblem,
 };
 use crate::store::{RunFilter, StoreError};
+use crate::telemetry;
 
 pub(in crate::runtime) use call::{Call, Stop, Window};
 pub use conversation::{Conversation, Size};
@@ -282,6 +283,7 @@ impl Runtime {
         };
         match job.run(&mut conversation).await? {
             Attempt::Compacted(candidate) => {
+                telemetry::metrics::compaction(CompactionTrigger::Manual.as_str(), true);
                 match self.store.insert_compaction(&candidate.compaction).await {
                     Ok(()) => Ok(candidate.compaction),
                     Err(StoreError::SessionBusy { active_run, .. }) => {
@@ -292,6 +294,7 @@ impl Runtime {
             }
             Attempt::NotAttempted(reason) => Err(CompactError::NothingToCompact(reason)),
             Attempt::Failed { message, .. } => {
+                telemetry::metrics::compaction(CompactionTrigger::Manual.as_str(), false);
                 self.store
                     .record_compaction_failure(&message, settings.circuit_breaker_threshold)
                     .await?;
