@@ -678,7 +678,7 @@ async fn a_failing_summariser_trips_the_breaker(backend: Backend) {
                     && line.contains("trigger=\"auto\"")
                     && line.contains("outcome=\"failed\"")
             })
-            .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
             .sum();
         assert!(failed_auto >= 3.0, "{metrics}");
         assert!(
