@@ -248,7 +248,8 @@ pub const OWNED_KEYS: &[&str] = &[
 ];
 
 /// The JSON body of a streaming Chat Completions request. The instructions are a first
-/// message of the configured `instructions_role` (`system` or `developer`); the output limit
+/// message of the configured `instructions_role` (`system` or `developer`; with `system`, the
+/// context's leading system messages are joined into it, blank-line separated); the output limit
 /// goes in the configured `max_tokens_field`; `temperature`, `top_p`, `stop`, `seed` when set,
 /// `parallel_tool_calls` when set and tools are offered (the API refuses it without tools);
 /// `reasoning_effort` when configured; then `provider_options`, except [`OWNED_KEYS`].
@@ -261,15 +262,40 @@ fn request_body(request: &ModelRequest, options: &Options) -> Value {
     let instructions = request
         .instructions
         .as_deref()
+        .filter(|text| !text.is_empty());
+    // With `system` instructions, they and the system messages that open the context (a
+    // compaction's summary among them) go as one first `system` message: many
+    // OpenAI-compatible servers' chat templates take only one, at the start (a second one
+    // fails the request, e.g. "roles must alternate").
+    let leading = match options.instructions_role {
+        InstructionsRole::System => request
+            .messages
+            .iter()
+            .take_while(|message| message.role == Role::System)
+            .count(),
+        InstructionsRole::Developer => 0,
+    };
+    let system_text: Vec<String> = instructions
+        .map(str::to_owned)
+        .into_iter()
+        .chain(
+            request.messages[..leading]
+                .iter()
+                .map(|message| text_of(&message.content)),
+        )
         .filter(|text| !text.is_empty())
-        .map(|text| json!({"role": options.instructions_role.as_str(), "content": text}));
-    let messages = instructions
+        .collect();
+    let first = (!system_text.is_empty()).then(
+        || json!({"role": options.instructions_role.as_str(), "content": system_text.join("\n\n")}),
+    );
+    let messages = first
         .into_iter()
         .chain(
             request
                 .messages
                 .iter()
                 .zip(replay)
+                .skip(leading)
                 .filter_map(|(message, replay)| message_json(message, replay, options)),
         )
         .collect();

@@ -1423,3 +1423,48 @@ fn instructions_parameters_and_options_take_their_places() {
     request.instructions = Some(String::new());
     assert_eq!(body_of(&request)["messages"][0]["role"], "user");
 }
+
+#[test]
+fn system_instructions_and_leading_system_messages_are_one_message() {
+    let mut request = request(
+        vec![
+            message(
+                Role::System,
+                vec![text_part("Summary of the earlier conversation.")],
+            ),
+            message(Role::User, vec![text_part("Hi")]),
+            message(Role::System, vec![text_part("Later note.")]),
+        ],
+        Vec::new(),
+        ToolChoice::default(),
+    );
+    request.instructions = Some("Be brief.".to_owned());
+    assert_eq!(
+        body_of(&request)["messages"],
+        json!([
+            {"role": "system", "content": "Be brief.\n\nSummary of the earlier conversation."},
+            {"role": "user", "content": "Hi"},
+            {"role": "system", "content": "Later note."},
+        ])
+    );
+    // Without instructions the leading system messages are still one.
+    request.instructions = None;
+    request.messages.insert(
+        0,
+        message(Role::System, vec![text_part("Stored system prompt.")]),
+    );
+    assert_eq!(
+        body_of(&request)["messages"][0],
+        json!({"role": "system", "content": "Stored system prompt.\n\nSummary of the earlier conversation."})
+    );
+    // `developer` instructions stay their own message.
+    let body = request_body(
+        &request,
+        &Options {
+            instructions_role: crate::config::InstructionsRole::Developer,
+            ..Options::default()
+        },
+    );
+    assert_eq!(body["messages"][0]["role"], "system");
+    assert_eq!(body["messages"].as_array().map(Vec::len), Some(4));
+}
