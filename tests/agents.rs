@@ -812,6 +812,73 @@ async fn cancel_while_waiting(backend: Backend) {
     }
 }
 
+/// A model that uses a call id again in a later turn (after a compaction dropped the earlier
+/// turn from its context, or a server that numbers its calls) gets that turn's call answered
+/// by the client again: an earlier turn's answer is never reused.
+async fn a_call_id_used_again_waits_for_its_own_answer(backend: Backend) {
+    for wire in BOTH {
+        let fake = FakeOpenAi::start().await;
+        let Some(server) = TestServer::start(backend, config(&fake.base_url(), "")).await else {
+            return;
+        };
+        fake.push(wire.tool_calls(&[("call_1", "get_location", json!({}))]));
+        fake.push(wire.tool_calls(&[("call_1", "get_location", json!({}))]));
+        fake.push(wire.text("You moved from Paris to Lyon."));
+        let run_id = start(
+            &server,
+            json!({"provider": wire.provider(), "model": "fake-model", "input": "where am I?",
+                   "tools": client_tools()}),
+        )
+        .await;
+        for city in ["Paris", "Lyon"] {
+            let run = waiting(&server, &run_id).await;
+            // The id the model sent again may be made unique in the session's history
+            // (`call_1_2`): the client answers the id the run reports.
+            let call_id = run["required_action"]["tool_calls"][0]["call_id"].clone();
+            assert!(
+                call_id.as_str().is_some_and(|id| id.starts_with("call_1")),
+                "{run}"
+            );
+            let turn = run["required_action"]["message_id"].clone();
+            let (status, answer) = post(
+                &server,
+                &format!("/runs/{run_id}/tool_outputs"),
+                &json!({"tool_outputs": [{"call_id": call_id, "output": {"city": city}}]}),
+            )
+            .await;
+            assert_eq!(status, 202, "{answer}");
+            // The run moves on before the next turn waits.
+            wait_for(&server, &run_id, |run| {
+                run["required_action"]["message_id"] != turn
+            })
+            .await;
+        }
+        let run = server.finished_run(&run_id).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        let frames = server.events(&run_id, None).await;
+        assert_eq!(
+            kinds(&frames)
+                .iter()
+                .filter(|kind| **kind == "tool_calls_required")
+                .count(),
+            2,
+            "each turn asks the client"
+        );
+        let outputs: Vec<String> = frames
+            .iter()
+            .filter(|frame| frame.event == "tool_execution_finished")
+            .map(|frame| frame.json()["result"].to_string())
+            .collect();
+        assert_eq!(outputs.len(), 2);
+        assert!(
+            outputs[0].contains("Paris") && outputs[1].contains("Lyon"),
+            "{outputs:?}"
+        );
+        wire.assert_valid(&fake.requests());
+        server.stop().await;
+    }
+}
+
 async fn an_expired_wait_ends_the_run(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     for (runtime, ending) in [
@@ -1415,6 +1482,7 @@ on_both_backends!(
     a_preset_plus_overrides,
     client_tool_round_trip,
     cancel_while_waiting,
+    a_call_id_used_again_waits_for_its_own_answer,
     an_expired_wait_ends_the_run,
     approvals_granted_and_rejected,
     sessions_are_resources,

@@ -756,13 +756,55 @@ async fn answers_to_a_paused_run(backend: Backend) {
             SubmitOutcome::AlreadyAnswered("call_1".to_owned())
         ]
     );
-    assert_eq!(store.close_action(run.id).await.unwrap(), answer);
-    assert_eq!(store.action_answers(run.id).await.unwrap(), answer);
+    assert_eq!(
+        store.close_action(run.id, message_id).await.unwrap(),
+        answer
+    );
+    assert_eq!(
+        store.action_answers(run.id, message_id).await.unwrap(),
+        answer
+    );
+    // A later turn that uses the same call id again (after a compaction, or a server that
+    // numbers its calls) waits for an answer of its own: the earlier one is not its.
+    let later_turn = MessageId::new();
+    let later = RunChange {
+        status: Some(RunStatus::RequiresAction),
+        required_action: Some(RequiredAction {
+            message_id: later_turn,
+            ..action(Utc::now() + chrono::Duration::minutes(5))
+        }),
+        ..RunChange::default()
+    };
+    apply(store.as_ref(), run.id, 2, later).await;
+    assert_eq!(
+        store.action_answers(run.id, later_turn).await.unwrap(),
+        vec![]
+    );
+    let second = vec![(
+        "call_1".to_owned(),
+        ActionAnswer::Output(json!({"city": "Lyon"})),
+    )];
+    assert_eq!(
+        store
+            .submit_answers(run.id, later_turn, &second, now)
+            .await
+            .unwrap(),
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(
+        store.action_answers(run.id, later_turn).await.unwrap(),
+        second
+    );
+    assert_eq!(
+        store.action_answers(run.id, message_id).await.unwrap(),
+        answer,
+        "each turn keeps its own answers"
+    );
     // The run moves on: the required action is gone, answers are refused.
     apply(
         store.as_ref(),
         run.id,
-        2,
+        3,
         status(RunStatus::WaitingForTools),
     )
     .await;

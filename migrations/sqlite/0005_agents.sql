@@ -11,11 +11,13 @@ ALTER TABLE sessions ADD COLUMN title TEXT;
 ALTER TABLE sessions ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE sessions ADD COLUMN defaults TEXT NOT NULL DEFAULT '{}';
 
--- One answer per pending call: a second one is refused by the primary key.
+-- One answer per pending call of a turn (the assistant message that made the calls: a model may
+-- use a call id again in a later turn): a second one is refused by the primary key.
 CREATE TABLE action_answers (
     run_id BLOB NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    message_id BLOB NOT NULL,
     call_id TEXT NOT NULL,
     answer TEXT NOT NULL,
     created_at TEXT NOT NULL,
-    PRIMARY KEY (run_id, call_id)
+    PRIMARY KEY (run_id, message_id, call_id)
 ) WITHOUT ROWID;

@@ -620,7 +620,7 @@ pub(super) async fn settle(
     }
     let started = Instant::now();
     let store = runtime.store();
-    let known = store.action_answers(record.id).await?;
+    let known = store.action_answers(record.id, message_id).await?;
     let answered_before = pending
         .iter()
         .all(|call| known.iter().any(|(id, _)| *id == call.call_id));
@@ -667,7 +667,7 @@ pub(super) async fn settle(
         let notified = answered.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let answers = store.action_answers(record.id).await?;
+        let answers = store.action_answers(record.id, message_id).await?;
         if complete(&action, &answers) {
             break answers;
         }
@@ -676,7 +676,7 @@ pub(super) async fn settle(
             () = tokio::time::sleep(tick) => {}
             () = runtime.draining.cancelled() => return Err(WaitError::Suspended),
             () = tokio::time::sleep_until(deadline) => {
-                let answers = store.close_action(record.id).await?;
+                let answers = store.close_action(record.id, message_id).await?;
                 if complete(&action, &answers) {
                     break answers;
                 }

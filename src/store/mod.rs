@@ -481,12 +481,22 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         now_ms: i64,
     ) -> StoreResult<SubmitOutcome>;
 
-    /// The answers recorded for the run's calls, by call id.
-    async fn action_answers(&self, run_id: RunId) -> StoreResult<Vec<(String, ActionAnswer)>>;
+    /// The answers recorded for the calls of the run's turn `message_id` (the assistant
+    /// message that made them), by call id.
+    async fn action_answers(
+        &self,
+        run_id: RunId,
+        message_id: MessageId,
+    ) -> StoreResult<Vec<(String, ActionAnswer)>>;
 
-    /// The answers recorded for the run's calls, read after every submission that began
-    /// before this call has committed (its deadline passed: none after it is accepted).
-    async fn close_action(&self, run_id: RunId) -> StoreResult<Vec<(String, ActionAnswer)>>;
+    /// The answers recorded for the calls of the run's turn `message_id`, read after every
+    /// submission that began before this call has committed (its deadline passed: none after
+    /// it is accepted).
+    async fn close_action(
+        &self,
+        run_id: RunId,
+        message_id: MessageId,
+    ) -> StoreResult<Vec<(String, ActionAnswer)>>;
     /// The session's context for a run (see [`SessionContext`]): a few indexed reads whatever
     /// the session's length.
     async fn session_context(&self, session_id: SessionId) -> StoreResult<SessionContext>;

@@ -1174,21 +1174,24 @@ macro_rules! impl_store {
                 if $crate::store::unix_ms(action.expires_at) <= now_ms {
                     return Ok(SubmitOutcome::Expired);
                 }
-                let answered: Vec<String> =
-                    sqlx::query_scalar("SELECT call_id FROM action_answers WHERE run_id = $1")
-                        .bind(run_id.0)
-                        .fetch_all(&mut *tx)
-                        .await?;
+                let answered: Vec<String> = sqlx::query_scalar(
+                    "SELECT call_id FROM action_answers WHERE run_id = $1 AND message_id = $2",
+                )
+                .bind(run_id.0)
+                .bind(message_id.0)
+                .fetch_all(&mut *tx)
+                .await?;
                 if let Some((call_id, _)) = answers.iter().find(|(id, _)| answered.contains(id)) {
                     return Ok(SubmitOutcome::AlreadyAnswered(call_id.clone()));
                 }
                 let now = chrono::Utc::now();
                 for (call_id, answer) in answers {
                     sqlx::query(
-                        "INSERT INTO action_answers (run_id, call_id, answer, created_at) \
-                         VALUES ($1, $2, $3, $4)",
+                        "INSERT INTO action_answers (run_id, message_id, call_id, answer, \
+                         created_at) VALUES ($1, $2, $3, $4, $5)",
                     )
                     .bind(run_id.0)
+                    .bind(message_id.0)
                     .bind($crate::store::sql::text(call_id))
                     .bind($crate::store::sql::to_json(answer)?)
                     .bind(now)
@@ -1202,11 +1205,14 @@ macro_rules! impl_store {
             async fn action_answers(
                 &self,
                 run_id: $crate::domain::RunId,
+                message_id: $crate::domain::MessageId,
             ) -> $crate::store::StoreResult<Vec<(String, $crate::domain::ActionAnswer)>> {
                 let rows: Vec<(String, String)> = sqlx::query_as(
-                    "SELECT call_id, answer FROM action_answers WHERE run_id = $1",
+                    "SELECT call_id, answer FROM action_answers \
+                     WHERE run_id = $1 AND message_id = $2",
                 )
                 .bind(run_id.0)
+                .bind(message_id.0)
                 .fetch_all(&self.pool)
                 .await?;
                 $crate::store::sql::answers(rows)
@@ -1215,6 +1221,7 @@ macro_rules! impl_store {
             async fn close_action(
                 &self,
                 run_id: $crate::domain::RunId,
+                message_id: $crate::domain::MessageId,
             ) -> $crate::store::StoreResult<Vec<(String, $crate::domain::ActionAnswer)>> {
                 let mut tx = self.begin_write().await?;
                 // Waits for a submission holding the row's lock to commit.
@@ -1226,9 +1233,11 @@ macro_rules! impl_store {
                 .fetch_optional(&mut *tx)
                 .await?;
                 let rows: Vec<(String, String)> = sqlx::query_as(
-                    "SELECT call_id, answer FROM action_answers WHERE run_id = $1",
+                    "SELECT call_id, answer FROM action_answers \
+                     WHERE run_id = $1 AND message_id = $2",
                 )
                 .bind(run_id.0)
+                .bind(message_id.0)
                 .fetch_all(&mut *tx)
                 .await?;
                 tx.commit().await?;
