@@ -1107,7 +1107,79 @@ async fn settings_apply_from_the_next_model_call(backend: Backend) {
     server.stop().await;
 }
 
+/// The built-in demo model summarises too (README, "The built-in model"): a manual compaction
+/// of a session against it shrinks the context and the session goes on; a session too short to
+/// shrink is `409 nothing_to_compact`, which the circuit breaker does not count.
+async fn the_demo_model_compacts_a_session(backend: Backend) {
+    let mut config = behest::provider::scripted::with_demo(Config::default());
+    if let Some(demo) = config.providers.get_mut("demo") {
+        demo.token_delay_ms = Some(0);
+    }
+    let Some(server) = TestServer::start(backend, config).await else {
+        return;
+    };
+    let turn = |session: Option<String>, input: String| {
+        let server = &server;
+        async move {
+            let mut body = json!({"provider": "demo", "model": "demo", "input": input});
+            if let Some(session) = session {
+                body["session_id"] = Value::from(session);
+            }
+            let run_id = server.create_run(body).await["run_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let record = server.finished_run(&run_id).await;
+            assert_eq!(record["status"], "completed", "{record}");
+            record["session_id"].as_str().unwrap().to_owned()
+        }
+    };
+    let tiny = turn(None, "hello".to_owned()).await;
+    let (status, problem) = send(
+        &server,
+        "POST",
+        &format!("/sessions/{tiny}/compact"),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("nothing_to_compact")),
+        "{problem}"
+    );
+    let mut session = None;
+    for n in 1..=4 {
+        session = Some(turn(session, format!("Turn {n}: count to 60, please.")).await);
+    }
+    let session = session.unwrap();
+    let (status, compaction) = send(
+        &server,
+        "POST",
+        &format!("/sessions/{session}/compact"),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{compaction}");
+    assert!(
+        compaction["summary"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("Summary of ") && s.contains("Turn 2: count to 60")),
+        "{compaction}"
+    );
+    assert!(
+        compaction["tokens_after"].as_u64() < compaction["tokens_before"].as_u64(),
+        "{compaction}"
+    );
+    let breaker = server.get_json("/compaction/circuit-breaker").await;
+    assert_eq!(breaker["consecutive_failures"], 0, "{breaker}");
+    turn(Some(session), "And now?".to_owned()).await;
+    server.stop().await;
+}
+
 on_both_backends!(
+    the_demo_model_compacts_a_session,
     a_200_turn_session_stays_inside_the_window,
     summaries_are_incremental_and_the_tail_is_whole,
     prune_replaces_old_tool_outputs_in_requests_only,

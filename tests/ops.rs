@@ -542,6 +542,12 @@ async fn the_docs_page_is_served_from_the_binary() {
         .await
         .unwrap();
     assert!(initializer.contains("/openapi.json"), "{initializer}");
+    // Swagger UI's default validator badge asks validator.swagger.io about the document.
+    assert!(
+        initializer.contains(r#""validatorUrl": "none""#)
+            || initializer.contains(r#""validatorUrl":"none""#),
+        "{initializer}"
+    );
     server.stop().await;
 }
 

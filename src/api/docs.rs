@@ -13,6 +13,9 @@ pub fn router() -> Router<AppState> {
     let config = Config::from("/openapi.json")
         .try_it_out_enabled(true)
         .persist_authorization(true)
-        .display_request_duration(true);
+        .display_request_duration(true)
+        // Swagger UI would otherwise ask validator.swagger.io about the document whenever the
+        // page is not served from localhost: nothing is fetched from the internet.
+        .validator_url("none");
     SwaggerUi::new("/docs").config(config).into()
 }

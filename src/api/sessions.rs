@@ -229,7 +229,6 @@ pub struct SessionMessages {
     /// The compactions made at a message of this page, in order: each one's summary replaces,
     /// in the requests after it, every message up to its `through_message_id` (the latest user
     /// input stays verbatim). Every original message stays in `messages`.
-    #[serde(default)]
     pub compactions: Vec<Compaction>,
 }
 
@@ -318,7 +317,7 @@ pub async fn list_session_messages(
     responses(
         (status = 200, description = "The compaction made", body = Compaction),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`session_busy`: a run is active (its id is `run_id`); `nothing_to_compact`: everything fits in what compaction keeps verbatim (`tail_turns`, `keep_tokens`); `compaction_circuit_open`: the circuit breaker is open (reset it first); `model_not_configured`: the session's model is no longer configured", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`session_busy`: a run is active (its id is `run_id`); `nothing_to_compact`: everything fits in what compaction keeps verbatim (`tail_turns`, `keep_tokens`), or the older turns hold too few tokens for a summary to shrink them (64 besides the summary's heading); `compaction_circuit_open`: the circuit breaker is open (reset it first); `model_not_configured`: the session's model is no longer configured", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`compaction_failed`: the summariser failed, returned an empty summary, or its summary did not shrink the context (counted by the circuit breaker)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn compact_session(

@@ -15,6 +15,12 @@
 //!   offered, `{"name": …}` calls that tool (arguments `{}`);
 //! - `count to N` (N up to 10000): the reply `1 2 3 … N.`, one token per number — at the
 //!   default pace, 100 numbers take 3 s: time to cancel;
+//! - a request to summarise (no tools offered, and the last user message holds a transcript
+//!   between `<conversation>` and `</conversation>`, as behest's compaction sends): a short
+//!   summary, "Summary of N earlier messages. The user last asked: “…”." with the first 8
+//!   words of the transcript's last user input, after the first 8 words of the previous
+//!   summary when the request carries one — at most about 30 words, so that a compaction
+//!   against the demo model shrinks the context;
 //! - anything else: a fixed greeting that quotes the input (and the run's instructions, when
 //!   it has some, so a demo shows they arrive).
 //!
@@ -369,6 +375,14 @@ fn built_in_turn(request: &ModelRequest) -> Turn {
         .find(|message| message.role == Role::User)
         .map(|message| text_of(&message.content))
         .unwrap_or_default();
+    if request.tools.is_empty()
+        && let Some(text) = summary_of(&input)
+    {
+        return Turn {
+            text,
+            ..Turn::default()
+        };
+    }
     let mut tool_calls = requested_calls(request, &input);
     if request.parallel_tool_calls == Some(false) {
         tool_calls.truncate(1);
@@ -402,6 +416,47 @@ fn built_in_turn(request: &ModelRequest) -> Turn {
         text,
         ..Turn::default()
     }
+}
+
+/// The built-in summary of a summariser's prompt (see the module documentation), `None` when
+/// `input` holds no `<conversation>` transcript.
+fn summary_of(input: &str) -> Option<String> {
+    let (before, rest) = input.split_once("<conversation>")?;
+    let (transcript, _) = rest.split_once("</conversation>")?;
+    let first_words = |text: &str| {
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let mut kept = words[..words.len().min(8)].join(" ");
+        if words.len() > 8 {
+            kept.push_str(" …");
+        }
+        kept
+    };
+    let messages = transcript
+        .lines()
+        .filter(|line| {
+            ["[user]", "[assistant]", "[system]"].contains(line)
+                || line.starts_with("[result of the tool `")
+        })
+        .count();
+    let last_input = transcript
+        .rsplit("[user]\n")
+        .next()
+        .filter(|_| transcript.contains("[user]\n"))
+        .map(|text| text.split("\n[").next().unwrap_or(text));
+    let mut summary = String::new();
+    if let Some((_, previous)) = before.split_once("<summary>")
+        && let Some((previous, _)) = previous.split_once("</summary>")
+    {
+        summary.push_str(&format!("Before: {} ", first_words(previous)));
+    }
+    summary.push_str(&format!("Summary of {messages} earlier messages."));
+    if let Some(last_input) = last_input {
+        summary.push_str(&format!(
+            " The user last asked: “{}”.",
+            first_words(last_input)
+        ));
+    }
+    Some(summary)
 }
 
 /// The tool calls the input asks for, under the run's `tool_choice`.
@@ -542,6 +597,30 @@ mod tests {
         assert_eq!(calls[0].arguments, serde_json::json!({"a": 1, "b": 2}));
         assert_eq!(calls[1].name, "echo");
         assert_eq!(calls[1].arguments, Value::String("{oops and".to_owned()));
+    }
+
+    #[test]
+    fn a_summariser_prompt_gets_a_short_summary_of_the_transcript() {
+        let long = "word ".repeat(300);
+        let prompt = format!(
+            "Summary of the conversation before this part:\n<summary>\nThe user greeted.\n\
+             </summary>\n\nConversation to summarise:\n<conversation>\n[user]\nhello\n\n\
+             [assistant]\n{long}\n(called the tool `add` with {{}})\n\n[result of the tool \
+             `add`]\n3\n\n[user]\nwhat is the weather in Paris today and tomorrow please\n\n[assistant]\n\
+             {long}\n</conversation>\n\nWrite the summary."
+        );
+        let turn = built_in_turn(&request(&prompt, &[]));
+        assert_eq!(
+            turn.text,
+            "Before: The user greeted. Summary of 5 earlier messages. The user last asked: \
+             “what is the weather in Paris today and …”."
+        );
+        assert!(turn.tool_calls.is_empty());
+        // Offered tools, or no transcript: not a summariser's request.
+        let with_tools = built_in_turn(&request(&prompt, &["add"]));
+        assert!(with_tools.text.starts_with("Hello!"), "{}", with_tools.text);
+        let plain = built_in_turn(&request("summarise <conversation> please", &[]));
+        assert!(plain.text.starts_with("Hello!"), "{}", plain.text);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::store::{Calibration, SessionContext};
 const RATIO_BOUNDS: (f64, f64) = (0.5, 4.0);
 
 /// The heading of the summary in requests.
-const SUMMARY_HEADING: &str = "Summary of the earlier conversation, written by behest's \
+pub(super) const SUMMARY_HEADING: &str = "Summary of the earlier conversation, written by behest's \
 compaction to keep the context within the model's window (the original messages are stored; \
 the messages after this one follow verbatim):";
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 
 use super::call::Window;
-use super::conversation::{Conversation, raw_tokens, summary_message};
+use super::conversation::{Conversation, SUMMARY_HEADING, raw_tokens, summary_message};
 use super::select::{self, Split};
 use super::summarise;
 use crate::config::ModelConfig;
@@ -32,6 +32,10 @@ pub(super) struct Job<'a> {
     pub(super) settings: &'a CompactionConfig,
     pub(super) trigger: CompactionTrigger,
 }
+
+/// The fewest tokens a summary is given room for beside its heading: a head that holds no more
+/// than these and the heading cannot be shrunk by summarising it, so it is not attempted.
+const MIN_SUMMARY_TOKENS: u64 = 64;
 
 /// A compaction made, not yet applied to the conversation.
 pub(super) struct Candidate {
@@ -84,6 +88,17 @@ impl Job<'_> {
             return Ok(Attempt::NotAttempted(
                 "nothing is older than the turns compaction keeps verbatim".to_owned(),
             ));
+        }
+        let head_tokens: u64 = (0..split.tail_start)
+            .filter(|&i| conversation.messages[i].role != Role::System && Some(i) != split.pinned)
+            .map(|i| sizes[i])
+            .sum();
+        let floor = conversation.counter.text(SUMMARY_HEADING) + MIN_SUMMARY_TOKENS;
+        if head_tokens <= floor {
+            return Ok(Attempt::NotAttempted(format!(
+                "the turns older than those compaction keeps verbatim hold about {head_tokens} \
+                 tokens: too few for a summary to shrink them (it needs more than {floor})"
+            )));
         }
         let (provider, provider_id, model, limits) = match self.summariser() {
             Ok(found) => found,
