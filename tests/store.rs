@@ -1104,7 +1104,131 @@ async fn compactions_context_settings_and_breaker(backend: Backend) {
     db.cleanup().await;
 }
 
+/// Starts stored together (group commit): each run's refusal is its own and writes nothing of
+/// it; the others of the batch are stored whole.
+async fn a_batch_of_starts_refuses_each_run_alone(backend: Backend) {
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let existing = new_run(SessionId::new(), true);
+    store.create_run(&existing).await.unwrap();
+    complete(store.as_ref(), existing.id).await;
+
+    let mut keyed = new_run(SessionId::new(), true);
+    keyed.client_request_id = Some("batch-1".to_owned());
+    keyed.request_hash = Some("hash-a".to_owned());
+    // The same key again in the same batch: the retry of the run just before it.
+    let mut retry = new_run(SessionId::new(), true);
+    retry.client_request_id = Some("batch-1".to_owned());
+    retry.request_hash = Some("hash-a".to_owned());
+    let in_session = new_run(existing.session_id, false);
+    // A second run of that session in the same batch: it has an active run by then.
+    let busy = new_run(existing.session_id, false);
+    let missing = new_run(SessionId::new(), false);
+    let fresh = new_run(SessionId::new(), true);
+    let batch = [
+        keyed.clone(),
+        retry.clone(),
+        in_session.clone(),
+        busy.clone(),
+        missing.clone(),
+        fresh.clone(),
+    ];
+    let results = store.create_runs(&batch).await;
+    assert_eq!(results.len(), batch.len());
+    assert_eq!(results[0].as_ref().unwrap().id, keyed.id);
+    match &results[1] {
+        Err(StoreError::DuplicateRequest {
+            existing,
+            same_request,
+        }) => assert_eq!((existing.id, *same_request), (keyed.id, true)),
+        other => panic!("expected DuplicateRequest, got {other:?}"),
+    }
+    assert_eq!(results[2].as_ref().unwrap().id, in_session.id);
+    match &results[3] {
+        Err(StoreError::SessionBusy { active_run, .. }) => assert_eq!(*active_run, in_session.id),
+        other => panic!("expected SessionBusy, got {other:?}"),
+    }
+    match &results[4] {
+        Err(StoreError::SessionNotFound(id)) => assert_eq!(*id, missing.session_id),
+        other => panic!("expected SessionNotFound, got {other:?}"),
+    }
+    assert_eq!(results[5].as_ref().unwrap().id, fresh.id);
+    // Nothing of a refused run: no run, no session, no user message.
+    for refused in [&retry, &busy, &missing] {
+        assert_eq!(store.get_run(refused.id).await.unwrap(), None);
+    }
+    assert_eq!(store.get_session(retry.session_id).await.unwrap(), None);
+    let messages = store.session_messages(existing.session_id).await.unwrap();
+    assert_eq!(
+        messages.iter().map(|m| m.run_id).collect::<Vec<_>>(),
+        vec![existing.id, in_session.id]
+    );
+    for stored in [&keyed, &fresh] {
+        let messages = store.session_messages(stored.session_id).await.unwrap();
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].id, stored.user_message_id);
+    }
+    db.cleanup().await;
+}
+
+/// A session's context read since a known message: only what was stored after it; the whole
+/// context once the session is compacted.
+async fn context_after_a_known_message(backend: Backend) {
+    use behest::store::ContextUpdate;
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let first = new_run(SessionId::new(), true);
+    store.create_run(&first).await.unwrap();
+    let ContextUpdate::Appended {
+        messages, last_seq, ..
+    } = store
+        .session_context_after(first.session_id, 0)
+        .await
+        .unwrap()
+    else {
+        panic!("a session never compacted reads as appended");
+    };
+    assert_eq!(messages.len(), 1);
+    complete(store.as_ref(), first.id).await;
+    let second = new_run(first.session_id, false);
+    store.create_run(&second).await.unwrap();
+    let ContextUpdate::Appended {
+        messages,
+        last_seq: now,
+        ..
+    } = store
+        .session_context_after(first.session_id, last_seq)
+        .await
+        .unwrap()
+    else {
+        panic!("still never compacted");
+    };
+    assert_eq!(
+        messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![second.user_message_id]
+    );
+    assert!(now > last_seq);
+    let ContextUpdate::Appended {
+        messages,
+        last_seq: same,
+        ..
+    } = store
+        .session_context_after(first.session_id, now)
+        .await
+        .unwrap()
+    else {
+        panic!("still never compacted");
+    };
+    assert!(messages.is_empty());
+    assert_eq!(same, now);
+    db.cleanup().await;
+}
+
 on_both_backends!(
+    a_batch_of_starts_refuses_each_run_alone,
+    context_after_a_known_message,
     compactions_context_settings_and_breaker,
     answers_to_a_paused_run,
     sessions_pages_and_defaults,

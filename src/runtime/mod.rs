@@ -2,6 +2,7 @@
 //! non-terminal by a previous process, keeps their context inside the model's window
 //! (compaction), and serves watches of the event log.
 
+mod admission;
 mod agents;
 pub mod compaction;
 mod doom_loop;
@@ -10,6 +11,7 @@ mod model_turn;
 mod recovery;
 mod retention;
 mod run_loop;
+mod sessions;
 pub mod tokens;
 mod tool_exec;
 mod watch;
@@ -153,6 +155,8 @@ impl ActiveRun {
 pub struct Runtime {
     store: Arc<dyn Store>,
     log: EventLog,
+    /// Stores new runs, group-committed.
+    admission: admission::Admission,
     providers: HashMap<String, ProviderEntry>,
     tools: Arc<ToolRegistry>,
     config: RuntimeConfig,
@@ -161,6 +165,8 @@ pub struct Runtime {
     /// The compaction settings (initial and stored).
     compaction: compaction::Settings,
     active: Mutex<HashMap<RunId, ActiveRun>>,
+    /// The contexts of sessions this process ran, read since their last message only.
+    contexts: sessions::ContextCache,
     tasks: TaskTracker,
     /// This process's id as a lease owner (UUID v7, new at each start).
     owner: Arc<str>,
@@ -214,6 +220,7 @@ impl Runtime {
         });
         let ttl = Duration::from_millis(config.lease_ttl_ms);
         let runtime = Arc::new(Self {
+            admission: admission::Admission::start(store.clone()),
             store,
             log,
             providers,
@@ -222,6 +229,7 @@ impl Runtime {
             agents,
             compaction: compaction::Settings::new(compaction),
             active: Mutex::new(HashMap::new()),
+            contexts: sessions::ContextCache::default(),
             tasks: TaskTracker::new(),
             owner,
             draining: CancellationToken::new(),
@@ -354,18 +362,30 @@ impl Runtime {
             active.insert(run_id, ActiveRun::new(false));
         }
         self.log.feed().open(run_id);
-        let stored = self.store.create_run(&new_run).await;
-        match &stored {
-            Ok(_) => {
-                if let Some(run) = self.active().get_mut(&run_id) {
-                    run.leased = true;
+        let client_request_id = new_run.client_request_id.clone();
+        let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
+        // Stored and started in a task of its own: a client that goes away while its run is
+        // being stored never leaves a stored run that nothing executes.
+        let runtime = self.clone();
+        let stored = tokio::spawn(async move {
+            let stored = runtime.admission.create(new_run).await;
+            match &stored {
+                Ok(record) => {
+                    if let Some(run) = runtime.active().get_mut(&run_id) {
+                        run.leased = true;
+                    }
+                    crate::telemetry::metrics::run_created();
+                    runtime.start(record.clone(), model, trace, 0);
+                }
+                Err(_) => {
+                    runtime.active().remove(&run_id);
+                    runtime.log.feed().close(run_id);
                 }
             }
-            Err(_) => {
-                self.active().remove(&run_id);
-                self.log.feed().close(run_id);
-            }
-        }
+            stored
+        })
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Database(sqlx::Error::WorkerCrashed)));
         let record = match stored {
             Ok(record) => record,
             Err(StoreError::SessionNotFound(id)) => {
@@ -391,15 +411,12 @@ impl Runtime {
                     });
                 }
                 return Err(CreateRunError::IdempotencyKeyReused {
-                    key: new_run.client_request_id.unwrap_or_default(),
+                    key: client_request_id.unwrap_or_default(),
                     existing: existing.id,
                 });
             }
             Err(other) => return Err(CreateRunError::Store(other)),
         };
-        let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
-        crate::telemetry::metrics::run_created();
-        self.start(record.clone(), model, trace, 0);
         Ok(CreatedRun {
             record,
             replayed: false,

@@ -333,7 +333,10 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             ))
         })?;
     let config = runtime.config().clone();
-    let session = store.session_context(record.session_id).await?;
+    let session = runtime
+        .contexts
+        .load(store.as_ref(), record.session_id)
+        .await?;
     let doom_loop = record.doom_loop.as_ref().unwrap_or(&config.doom_loop);
     let mut progress = Progress {
         context: Conversation::new(session, &record.model)

@@ -300,6 +300,23 @@ pub struct SessionContext {
     pub calibration: Option<Calibration>,
 }
 
+/// A session's context since an earlier read ([`Store::session_context_after`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ContextUpdate {
+    /// The session was never compacted: the messages after the earlier read, oldest first.
+    Appended {
+        /// The new messages.
+        messages: Vec<Message>,
+        /// The store's sequence of the last message of the session now (`after_seq` when
+        /// nothing was added).
+        last_seq: i64,
+        /// The calibration of the session's last model call, if one reported its usage.
+        calibration: Option<Calibration>,
+    },
+    /// The session was compacted: its whole context.
+    Compacted(Box<SessionContext>),
+}
+
 /// The circuit breaker after a failed compaction was counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BreakerFailure {
@@ -331,6 +348,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`StoreError::DuplicateRequest`] when the client request id was used before;
     /// [`StoreError::SessionBusy`] when the session has an active run. Nothing is written then.
     async fn create_run(&self, run: &NewRun) -> StoreResult<RunRecord>;
+
+    /// [`Store::create_run`] for each run, in one transaction (group commit of starts): the
+    /// results in the runs' order, each run's error its own (nothing of a failed run is
+    /// written; the others are).
+    async fn create_runs(&self, runs: &[NewRun]) -> Vec<StoreResult<RunRecord>>;
 
     /// The run, if it exists.
     async fn get_run(&self, id: RunId) -> StoreResult<Option<RunRecord>>;
@@ -500,6 +522,16 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// The session's context for a run (see [`SessionContext`]): a few indexed reads whatever
     /// the session's length.
     async fn session_context(&self, session_id: SessionId) -> StoreResult<SessionContext>;
+
+    /// What a session's context became since a run of this process loaded it up to the
+    /// message with sequence `after_seq` (0: nothing loaded yet): the messages stored after it
+    /// while the session was never compacted, its whole context (as [`Store::session_context`]
+    /// reads it) once it was. A few indexed reads whatever the session's length.
+    async fn session_context_after(
+        &self,
+        session_id: SessionId,
+        after_seq: i64,
+    ) -> StoreResult<ContextUpdate>;
 
     /// Every compaction of the session, in the order of the messages they cover.
     async fn session_compactions(&self, session_id: SessionId) -> StoreResult<Vec<Compaction>>;

@@ -319,6 +319,13 @@ impl TryFrom<RunRow> for RunRecord {
 }
 
 #[derive(sqlx::FromRow)]
+pub(super) struct MessageWithSeq {
+    pub(super) seq: i64,
+    #[sqlx(flatten)]
+    pub(super) message: MessageRow,
+}
+
+#[derive(sqlx::FromRow)]
 pub(super) struct CompactionWithSeq {
     #[sqlx(flatten)]
     pub(super) compaction: CompactionRow,
@@ -330,12 +337,6 @@ pub(super) struct RunWithHash {
     #[sqlx(flatten)]
     pub(super) run: RunRow,
     pub(super) request_hash: Option<String>,
-}
-
-/// Whether an insert failed on a unique index (the idempotency key or one active run per
-/// session), which the caller then explains.
-pub(super) fn is_unique_violation(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
 }
 
 #[derive(sqlx::FromRow)]
@@ -461,85 +462,45 @@ macro_rules! impl_store {
                 &self,
                 run: &$crate::store::NewRun,
             ) -> $crate::store::StoreResult<$crate::domain::RunRecord> {
-                use $crate::store::sql::{MESSAGE_COLUMNS, RUN_COLUMNS, to_json};
-                let mut tx = self.begin_write().await?;
-                let defaults = run.session_defaults.as_ref().map(to_json).transpose()?;
-                if run.create_session {
-                    sqlx::query("INSERT INTO sessions (id, created_at, updated_at, defaults) VALUES ($1, $2, $2, $3)")
-                        .bind(run.session_id.0)
-                        .bind(run.created_at)
-                        .bind(defaults.as_deref().unwrap_or("{}"))
-                        .execute(&mut *tx)
-                        .await?;
-                } else {
-                    let updated = sqlx::query("UPDATE sessions SET updated_at = $2 WHERE id = $1")
-                        .bind(run.session_id.0)
-                        .bind(run.created_at)
-                        .execute(&mut *tx)
-                        .await?;
-                    if updated.rows_affected() == 0 {
-                        return Err($crate::store::StoreError::SessionNotFound(run.session_id));
+                self.create_runs(std::slice::from_ref(run))
+                    .await
+                    .pop()
+                    .unwrap_or_else(|| Err($crate::store::StoreError::Corrupt("no run created".to_owned())))
+            }
+
+            async fn create_runs(
+                &self,
+                runs: &[$crate::store::NewRun],
+            ) -> Vec<$crate::store::StoreResult<$crate::domain::RunRecord>> {
+                match self.create_runs_once(runs).await {
+                    Ok(created) => {
+                        let mut results = Vec::with_capacity(runs.len());
+                        for (run, created) in runs.iter().zip(created) {
+                            results.push(match created {
+                                Some(created) => Ok(created),
+                                None => Err(self.explain_conflict(run).await.unwrap_or_else(|| {
+                                    $crate::store::StoreError::Corrupt(format!(
+                                        "run {} conflicted with a row that is gone",
+                                        run.id
+                                    ))
+                                })),
+                            });
+                        }
+                        results
                     }
-                    // A session remembers what its first run was defined with.
-                    if let Some(defaults) = &defaults {
-                        sqlx::query(
-                            "UPDATE sessions SET defaults = $2 WHERE id = $1 \
-                             AND NOT EXISTS (SELECT 1 FROM runs WHERE session_id = $1)",
-                        )
-                        .bind(run.session_id.0)
-                        .bind(defaults.as_str())
-                        .execute(&mut *tx)
-                        .await?;
+                    // One run's failure must not fail the others: each alone, so the error is
+                    // its own.
+                    Err(_) if runs.len() > 1 => {
+                        let mut results = Vec::with_capacity(runs.len());
+                        for run in runs {
+                            results.push(self.create_runs(std::slice::from_ref(run)).await.pop().unwrap_or_else(
+                                || Err($crate::store::StoreError::Corrupt("no run created".to_owned())),
+                            ));
+                        }
+                        results
                     }
+                    Err(error) => vec![Err(error)],
                 }
-                let tools = run.tools.as_ref().map(to_json).transpose()?;
-                let inserted: Result<$crate::store::sql::RunRow, sqlx::Error> = sqlx::query_as(&format!(
-                    "INSERT INTO runs (id, session_id, status, provider, model, tool_choice, metadata, \
-                     iterations, input_tokens, output_tokens, total_tokens, tools, max_iterations, \
-                     client_request_id, request_hash, created_at, updated_at, lease_owner, \
-                     lease_expires_ms, agent, definition) \
-                     VALUES ($1, $2, 'pending', $3, $4, $5, $6, 0, 0, 0, 0, $7, $8, $9, $10, $11, $11, \
-                     $12, $13, $14, $15) \
-                     RETURNING {RUN_COLUMNS}"
-                ))
-                .bind(run.id.0)
-                .bind(run.session_id.0)
-                .bind($crate::store::sql::text(&run.provider))
-                .bind($crate::store::sql::text(&run.model))
-                .bind(to_json(&run.tool_choice)?)
-                .bind(to_json(&run.metadata)?)
-                .bind(tools)
-                .bind(i64::from(run.max_iterations))
-                .bind(run.client_request_id.as_deref().map($crate::store::sql::text))
-                .bind(run.request_hash.as_deref())
-                .bind(run.created_at)
-                .bind(run.lease.as_ref().map(|lease| lease.owner.as_str()))
-                .bind(run.lease.as_ref().map(|lease| lease.expires_ms))
-                .bind(run.agent.as_deref())
-                .bind(to_json(&run.definition)?)
-                .fetch_one(&mut *tx)
-                .await;
-                let row = match inserted {
-                    Ok(row) => row,
-                    Err(error) if $crate::store::sql::is_unique_violation(&error) => {
-                        drop(tx);
-                        return Err(self.explain_conflict(run).await.unwrap_or(error.into()));
-                    }
-                    Err(error) => return Err(error.into()),
-                };
-                let content = to_json(&[$crate::domain::ContentPart::Text { text: run.input.clone() }])?;
-                sqlx::query(&format!(
-                    "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, '[]', NULL, NULL, $5, '[]', 'completed')"
-                ))
-                .bind(run.user_message_id.0)
-                .bind(run.session_id.0)
-                .bind(run.id.0)
-                .bind(content)
-                .bind(run.created_at)
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                row.try_into()
             }
 
             async fn get_run(
@@ -1350,6 +1311,48 @@ macro_rules! impl_store {
                 })
             }
 
+            async fn session_context_after(
+                &self,
+                session_id: $crate::domain::SessionId,
+                after_seq: i64,
+            ) -> $crate::store::StoreResult<$crate::store::ContextUpdate> {
+                use $crate::store::sql::MESSAGE_COLUMNS;
+                let compacted: Option<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM compactions WHERE session_id = $1 LIMIT 1",
+                )
+                .bind(session_id.0)
+                .fetch_optional(&self.pool)
+                .await?;
+                if compacted.is_some() {
+                    return Ok($crate::store::ContextUpdate::Compacted(Box::new(
+                        self.session_context(session_id).await?,
+                    )));
+                }
+                let calibration: Option<$crate::store::sql::CalibrationRow> = sqlx::query_as(
+                    "SELECT context_reported_tokens, context_counted_tokens FROM sessions \
+                     WHERE id = $1",
+                )
+                .bind(session_id.0)
+                .fetch_optional(&self.pool)
+                .await?;
+                let rows: Vec<$crate::store::sql::MessageWithSeq> = sqlx::query_as(&format!(
+                    "SELECT seq, {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
+                     AND seq > $2 ORDER BY seq"
+                ))
+                .bind(session_id.0)
+                .bind(after_seq)
+                .fetch_all(&self.pool)
+                .await?;
+                let last_seq = rows.last().map_or(after_seq, |row| row.seq);
+                Ok($crate::store::ContextUpdate::Appended {
+                    messages: $crate::store::sql::messages(
+                        rows.into_iter().map(|row| row.message).collect(),
+                    )?,
+                    last_seq,
+                    calibration: calibration.and_then(|row| row.calibration()),
+                })
+            }
+
             async fn session_compactions(
                 &self,
                 session_id: $crate::domain::SessionId,
@@ -1501,6 +1504,116 @@ macro_rules! impl_store {
 macro_rules! impl_explain_conflict {
     ($store:ty, $db:ty) => {
         impl $store {
+            /// Creates the runs in one transaction: each run, its user message and its new
+            /// session (or the existing session's `updated_at` and first defaults). A run whose
+            /// session is missing is `Err` for the whole batch; a run that conflicts with a
+            /// unique index (its `client_request_id` is taken, its session has an active run) is
+            /// `None` and writes nothing, the others are written.
+            async fn create_runs_once(
+                &self,
+                runs: &[$crate::store::NewRun],
+            ) -> $crate::store::StoreResult<Vec<Option<$crate::domain::RunRecord>>> {
+                use $crate::store::sql::{MESSAGE_COLUMNS, RUN_COLUMNS, to_json};
+                let mut tx = self.begin_write().await?;
+                let mut created = Vec::with_capacity(runs.len());
+                for run in runs {
+                    let defaults = run.session_defaults.as_ref().map(to_json).transpose()?;
+                    if run.create_session {
+                        sqlx::query(
+                            "INSERT INTO sessions (id, created_at, updated_at, defaults) \
+                             VALUES ($1, $2, $2, $3)",
+                        )
+                        .bind(run.session_id.0)
+                        .bind(run.created_at)
+                        .bind(defaults.as_deref().unwrap_or("{}"))
+                        .execute(&mut *tx)
+                        .await?;
+                    } else {
+                        // Locked until the commit (PostgreSQL): a concurrent delete cannot break
+                        // the run's foreign key, which would fail the whole batch.
+                        let found: Option<uuid::Uuid> = sqlx::query_scalar(&format!(
+                            "SELECT id FROM sessions WHERE id = $1{}",
+                            Self::ROW_LOCK
+                        ))
+                        .bind(run.session_id.0)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                        if found.is_none() {
+                            return Err($crate::store::StoreError::SessionNotFound(run.session_id));
+                        }
+                    }
+                    let tools = run.tools.as_ref().map(to_json).transpose()?;
+                    let row: Option<$crate::store::sql::RunRow> = sqlx::query_as(&format!(
+                        "INSERT INTO runs (id, session_id, status, provider, model, tool_choice, \
+                         metadata, iterations, input_tokens, output_tokens, total_tokens, tools, \
+                         max_iterations, client_request_id, request_hash, created_at, updated_at, \
+                         lease_owner, lease_expires_ms, agent, definition) \
+                         VALUES ($1, $2, 'pending', $3, $4, $5, $6, 0, 0, 0, 0, $7, $8, $9, $10, \
+                         $11, $11, $12, $13, $14, $15) \
+                         ON CONFLICT DO NOTHING RETURNING {RUN_COLUMNS}"
+                    ))
+                    .bind(run.id.0)
+                    .bind(run.session_id.0)
+                    .bind($crate::store::sql::text(&run.provider))
+                    .bind($crate::store::sql::text(&run.model))
+                    .bind(to_json(&run.tool_choice)?)
+                    .bind(to_json(&run.metadata)?)
+                    .bind(tools)
+                    .bind(i64::from(run.max_iterations))
+                    .bind(run.client_request_id.as_deref().map($crate::store::sql::text))
+                    .bind(run.request_hash.as_deref())
+                    .bind(run.created_at)
+                    .bind(run.lease.as_ref().map(|lease| lease.owner.as_str()))
+                    .bind(run.lease.as_ref().map(|lease| lease.expires_ms))
+                    .bind(run.agent.as_deref())
+                    .bind(to_json(&run.definition)?)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    let Some(row) = row else {
+                        if run.create_session {
+                            sqlx::query("DELETE FROM sessions WHERE id = $1")
+                                .bind(run.session_id.0)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        created.push(None);
+                        continue;
+                    };
+                    if !run.create_session {
+                        // A session remembers what its first run was defined with.
+                        sqlx::query(
+                            "UPDATE sessions SET updated_at = $2, defaults = CASE \
+                             WHEN CAST($3 AS TEXT) IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs \
+                             WHERE session_id = $1 AND id <> $4) THEN CAST($3 AS TEXT) \
+                             ELSE defaults END WHERE id = $1",
+                        )
+                        .bind(run.session_id.0)
+                        .bind(run.created_at)
+                        .bind(defaults.as_deref())
+                        .bind(run.id.0)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    let content = to_json(&[$crate::domain::ContentPart::Text {
+                        text: run.input.clone(),
+                    }])?;
+                    sqlx::query(&format!(
+                        "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, \
+                         '[]', NULL, NULL, $5, '[]', 'completed')"
+                    ))
+                    .bind(run.user_message_id.0)
+                    .bind(run.session_id.0)
+                    .bind(run.id.0)
+                    .bind(content)
+                    .bind(run.created_at)
+                    .execute(&mut *tx)
+                    .await?;
+                    created.push(Some(row.try_into()?));
+                }
+                tx.commit().await?;
+                Ok(created)
+            }
+
             /// Inserts one message on a connection or in a transaction.
             async fn insert_message(
                 connection: &mut <$db as sqlx::Database>::Connection,

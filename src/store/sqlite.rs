@@ -1,12 +1,16 @@
 //! SQLite backend: one file, WAL, `busy_timeout`, `synchronous=NORMAL`, foreign keys on;
 //! write transactions start with `BEGIN IMMEDIATE` so concurrent writers queue instead of
-//! failing on lock upgrade.
+//! failing on lock upgrade, and this process queues its own writers in order before they ask
+//! SQLite (whose busy handler polls with sleeps of 1, 2, 5, … 100 ms).
 
+use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Sqlite, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::StoreResult;
 use super::sql::{impl_explain_conflict, impl_store};
@@ -15,6 +19,35 @@ use super::sql::{impl_explain_conflict, impl_store};
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// Held by this process's write transaction: SQLite has one writer at a time.
+    writer: Arc<Mutex<()>>,
+}
+
+/// A write transaction, the only one of this process while it lives: its connection, for
+/// queries (`&mut *tx`), and [`WriteTx::commit`].
+pub(super) struct WriteTx {
+    tx: Transaction<'static, Sqlite>,
+    _turn: OwnedMutexGuard<()>,
+}
+
+impl WriteTx {
+    /// Commits (the next writer starts after).
+    pub(super) async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
+
+impl Deref for WriteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
 }
 
 impl SqliteStore {
@@ -45,11 +78,19 @@ impl SqliteStore {
             &mut *pool.acquire().await?,
         )
         .await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            writer: Arc::new(Mutex::new(())),
+        })
     }
 
-    async fn begin_write(&self) -> StoreResult<Transaction<'static, Sqlite>> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    /// Waits for this process's previous writer (in order), then begins.
+    async fn begin_write(&self) -> StoreResult<WriteTx> {
+        let turn = self.writer.clone().lock_owned().await;
+        Ok(WriteTx {
+            tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            _turn: turn,
+        })
     }
 }
 

@@ -409,6 +409,22 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
         .ok_or_else(|| BenchError(format!("no VmRSS in /proc/{pid}/status")))
 }
 
+/// CPU time a process has used so far (user + system), in ms: `/proc/PID/stat` fields 14 and
+/// 15, in clock ticks of 10 ms (Linux's `USER_HZ` is 100 on every architecture it reports).
+pub fn cpu_ms(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |n: usize| fields.get(n).and_then(|v| v.parse::<f64>().ok());
+    match (tick(11), tick(12)) {
+        (Some(user), Some(system)) => Ok((user + system) * 10.0),
+        _ => Err(BenchError(format!("no CPU times in /proc/{pid}/stat"))),
+    }
+}
+
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();

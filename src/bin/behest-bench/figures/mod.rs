@@ -23,6 +23,7 @@ mod compaction;
 mod fanout;
 mod idle_memory;
 mod latency;
+mod long_session;
 mod ops;
 mod restart;
 mod resume;
@@ -45,10 +46,13 @@ pub const MODEL_CANCEL: &str = "bench-cancel";
 pub const MODEL_RESTART: &str = "bench-restart";
 /// Long sessions against a small window (8,000 tokens), no pacing: compaction.
 pub const MODEL_COMPACT: &str = "bench-compact";
+/// One long session, no pacing, 40-token answers: the start of a run against its session's
+/// length.
+pub const MODEL_LONG: &str = "bench-long";
 /// The context window of [`MODEL_COMPACT`], in tokens (the other models have 128,000).
 pub const COMPACT_WINDOW: u32 = 8_000;
 /// Every model behest is configured with.
-pub const MODELS: [&str; 8] = [
+pub const MODELS: [&str; 9] = [
     MODEL_DEFAULT,
     MODEL_SHORT,
     MODEL_FAST,
@@ -57,6 +61,7 @@ pub const MODELS: [&str; 8] = [
     MODEL_CANCEL,
     MODEL_RESTART,
     MODEL_COMPACT,
+    MODEL_LONG,
 ];
 
 /// Connections opened at once when many watchers connect.
@@ -137,6 +142,10 @@ impl Plan {
                 MODEL_COMPACT.to_owned(),
                 Profile::ms(0, 0, self.profile.tokens),
             ),
+            (
+                MODEL_LONG.to_owned(),
+                Profile::ms(0, 0, long_session::LONG_TOKENS),
+            ),
         ])
     }
 }
@@ -169,6 +178,8 @@ pub enum Figure {
     Compaction,
     /// Time to first token and gaps with API keys, metrics and OTLP tracing on vs off.
     Ops,
+    /// Request → `model_started` at a session's 1,000th turn against its first.
+    LongSession,
 }
 
 /// Everything a figure needs; cheap to clone into tasks.
@@ -449,6 +460,10 @@ pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec
         step("compaction check and a 200-turn session");
         rows.extend(compaction::check(ctx));
         rows.extend(compaction::session_cost(ctx).await?);
+    }
+    if wants(Figure::LongSession) {
+        step("a 1,000-turn session");
+        rows.extend(long_session::long_session(ctx).await?);
     }
     if wants(Figure::Ops) {
         step("auth, metrics and tracing on vs off");

@@ -10,7 +10,10 @@ use crate::{BenchError, Result};
 pub(super) async fn throughput(ctx: &Ctx) -> Result<Vec<Row>> {
     let plan = &ctx.plan;
     let (base_rate, base_latency) = closed_loop(ctx, false).await?;
+    let cpu_before = crate::target::cpu_ms(ctx.behest_pid)?;
     let (rate, latency) = closed_loop(ctx, true).await?;
+    let cpu_per_run =
+        (crate::target::cpu_ms(ctx.behest_pid)? - cpu_before) / latency.len().max(1) as f64;
     let label = format!(
         "{} tokens, {} clients",
         plan.short_tokens, plan.short_concurrency
@@ -24,11 +27,33 @@ pub(super) async fn throughput(ctx: &Ctx) -> Result<Vec<Row>> {
     )
     .samples(latency.len())
     .note("baseline: the same answers straight from the fake provider");
-    if ctx.backend == Backend::Sqlite {
-        row = row.target_absolute(Target::AtLeast(150.0));
+    let mut cpu = Row::new(
+        &format!("behest CPU per short run ({label})"),
+        "ms",
+        None,
+        cpu_per_run,
+        Compare::None,
+    )
+    .samples(latency.len())
+    .note("user + system time of the behest process over the load (/proc/PID/stat), per run");
+    let mut p99 = Row::new(
+        &format!("short run duration p99 ({label})"),
+        "ms",
+        Some(base_latency.p(99.0)),
+        latency.p(99.0),
+        Compare::Difference,
+    )
+    .samples(latency.len());
+    if !plan.smoke {
+        cpu = cpu.target_absolute(Target::AtMost(1.0));
+        p99 = p99.target(Target::AtMost(20.0));
+        if ctx.backend == Backend::Sqlite {
+            row = row.target_absolute(Target::AtLeast(1_000.0));
+        }
     }
     Ok(vec![
         row,
+        cpu,
         Row::new(
             &format!("short run duration p50 ({label})"),
             "ms",
@@ -37,14 +62,7 @@ pub(super) async fn throughput(ctx: &Ctx) -> Result<Vec<Row>> {
             Compare::Difference,
         )
         .samples(latency.len()),
-        Row::new(
-            &format!("short run duration p99 ({label})"),
-            "ms",
-            Some(base_latency.p(99.0)),
-            latency.p(99.0),
-            Compare::Difference,
-        )
-        .samples(latency.len()),
+        p99,
     ])
 }
 

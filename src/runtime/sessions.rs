@@ -1,0 +1,126 @@
+//! The contexts sessions' runs start from, cached in this process so that starting a run does
+//! not grow with its session's length: a run of a session seen before reads only the messages
+//! stored since (its own user input, the previous run's answer), whichever process wrote them.
+//! A compacted session is read from its latest compaction instead, which the store bounds.
+//!
+//! The cache is never trusted over the store: every load asks the store what changed after the
+//! last message it holds. Messages are append-only and a session's are written by one run at a
+//! time (a session has at most one active run), so "after the last sequence read" misses
+//! nothing.
+
+use std::sync::{Mutex, PoisonError};
+
+use hashlink::LruCache;
+
+use crate::domain::{Message, SessionId};
+use crate::store::{ContextUpdate, SessionContext, Store, StoreResult};
+
+/// Messages held across all cached sessions at most; the least recently started sessions are
+/// dropped first (a dropped session's next run reads its context whole, once).
+pub const CACHED_MESSAGES: usize = 200_000;
+
+/// A session's messages as of the store's sequence `last_seq`.
+#[derive(Debug)]
+struct Entry {
+    messages: Vec<Message>,
+    last_seq: i64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    entries: LruCache<SessionId, Entry>,
+    /// Messages held by `entries`.
+    held: usize,
+}
+
+/// Sessions' uncompacted contexts, least recently used dropped first.
+#[derive(Debug)]
+pub(super) struct ContextCache {
+    inner: Mutex<Inner>,
+    budget: usize,
+}
+
+impl ContextCache {
+    /// A cache holding at most `budget` messages.
+    pub(super) fn new(budget: usize) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                entries: LruCache::new_unbounded(),
+                held: 0,
+            }),
+            budget,
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The session's context as [`Store::session_context`] reads it, reading only what was
+    /// stored since this process last loaded the session.
+    ///
+    /// # Errors
+    /// The store's.
+    pub(super) async fn load(
+        &self,
+        store: &dyn Store,
+        session_id: SessionId,
+    ) -> StoreResult<SessionContext> {
+        // Taken out while the store is asked (a concurrent load of the same session reads it
+        // whole), put back with what was added.
+        let cached = {
+            let mut inner = self.inner();
+            let entry = inner.entries.remove(&session_id);
+            if let Some(entry) = &entry {
+                inner.held -= entry.messages.len();
+            }
+            entry
+        };
+        let after_seq = cached.as_ref().map_or(0, |entry| entry.last_seq);
+        match store.session_context_after(session_id, after_seq).await? {
+            ContextUpdate::Compacted(context) => Ok(*context),
+            ContextUpdate::Appended {
+                messages,
+                last_seq,
+                calibration,
+            } => {
+                let mut entry = cached.unwrap_or(Entry {
+                    messages: Vec::new(),
+                    last_seq: 0,
+                });
+                entry.messages.extend(messages);
+                entry.last_seq = last_seq;
+                let context = SessionContext {
+                    compaction: None,
+                    messages: entry.messages.clone(),
+                    calibration,
+                };
+                self.put(session_id, entry);
+                Ok(context)
+            }
+        }
+    }
+
+    fn put(&self, session_id: SessionId, entry: Entry) {
+        if entry.messages.len() > self.budget {
+            return;
+        }
+        let mut inner = self.inner();
+        inner.held += entry.messages.len();
+        if let Some(replaced) = inner.entries.insert(session_id, entry) {
+            inner.held -= replaced.messages.len();
+        }
+        while inner.held > self.budget {
+            match inner.entries.remove_lru() {
+                Some((_, dropped)) => inner.held -= dropped.messages.len(),
+                None => break,
+            }
+        }
+    }
+}
+
+impl Default for ContextCache {
+    fn default() -> Self {
+        Self::new(CACHED_MESSAGES)
+    }
+}
