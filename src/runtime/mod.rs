@@ -363,6 +363,7 @@ impl Runtime {
         }
         self.log.feed().open(run_id);
         let client_request_id = new_run.client_request_id.clone();
+        let input = new_run.create_session.then(|| new_run.user_message());
         let trace = trace.unwrap_or_else(|| TraceContext::for_run(run_id));
         // Stored and started in a task of its own: a client that goes away while its run is
         // being stored never leaves a stored run that nothing executes.
@@ -373,6 +374,9 @@ impl Runtime {
                 Ok(record) => {
                     if let Some(run) = runtime.active().get_mut(&run_id) {
                         run.leased = true;
+                    }
+                    if let Some(input) = input {
+                        runtime.contexts.created(record.session_id, input);
                     }
                     crate::telemetry::metrics::run_created();
                     runtime.start(record.clone(), model, trace, 0);

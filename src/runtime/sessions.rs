@@ -5,8 +5,9 @@
 //!
 //! The cache is never trusted over the store: every load asks the store what changed after the
 //! last message it holds. Messages are append-only and a session's are written by one run at a
-//! time (a session has at most one active run), so "after the last sequence read" misses
-//! nothing.
+//! time (a session has at most one active run), so "after the last message read" misses
+//! nothing. The one exception is a session this process has just created with its first run:
+//! nothing else can have written to it, so that run starts from its input without a read.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -19,11 +20,13 @@ use crate::store::{ContextUpdate, SessionContext, Store, StoreResult};
 /// dropped first (a dropped session's next run reads its context whole, once).
 pub const CACHED_MESSAGES: usize = 200_000;
 
-/// A session's messages as of the store's sequence `last_seq`.
+/// A session's messages, oldest first, as the store held them.
 #[derive(Debug)]
 struct Entry {
     messages: Vec<Message>,
-    last_seq: i64,
+    /// The session was created by this process with these messages, and nothing can have
+    /// been added since: its next load needs no read.
+    new: bool,
 }
 
 #[derive(Debug)]
@@ -68,7 +71,7 @@ impl ContextCache {
     ) -> StoreResult<SessionContext> {
         // Taken out while the store is asked (a concurrent load of the same session reads it
         // whole), put back with what was added.
-        let cached = {
+        let mut cached = {
             let mut inner = self.inner();
             let entry = inner.entries.remove(&session_id);
             if let Some(entry) = &entry {
@@ -76,20 +79,31 @@ impl ContextCache {
             }
             entry
         };
-        let after_seq = cached.as_ref().map_or(0, |entry| entry.last_seq);
-        match store.session_context_after(session_id, after_seq).await? {
+        if let Some(mut entry) = cached.take_if(|entry| entry.new) {
+            entry.new = false;
+            let context = SessionContext {
+                compaction: None,
+                messages: entry.messages.clone(),
+                calibration: None,
+            };
+            self.put(session_id, entry);
+            return Ok(context);
+        }
+        let after = cached
+            .as_ref()
+            .and_then(|entry| entry.messages.last())
+            .map(|message| message.id);
+        match store.session_context_after(session_id, after).await? {
             ContextUpdate::Compacted(context) => Ok(*context),
             ContextUpdate::Appended {
                 messages,
-                last_seq,
                 calibration,
             } => {
                 let mut entry = cached.unwrap_or(Entry {
                     messages: Vec::new(),
-                    last_seq: 0,
+                    new: false,
                 });
                 entry.messages.extend(messages);
-                entry.last_seq = last_seq;
                 let context = SessionContext {
                     compaction: None,
                     messages: entry.messages.clone(),
@@ -99,6 +113,18 @@ impl ContextCache {
                 Ok(context)
             }
         }
+    }
+
+    /// A session this process has just stored with its first run's `input`: that run loads
+    /// it without a read.
+    pub(super) fn created(&self, session_id: SessionId, input: Message) {
+        self.put(
+            session_id,
+            Entry {
+                messages: vec![input],
+                new: true,
+            },
+        );
     }
 
     fn put(&self, session_id: SessionId, entry: Entry) {

@@ -300,6 +300,28 @@ pub struct SessionContext {
     pub calibration: Option<Calibration>,
 }
 
+impl NewRun {
+    /// The user message the run is stored with, as the store holds it.
+    #[must_use]
+    pub fn user_message(&self) -> Message {
+        Message {
+            id: self.user_message_id,
+            session_id: self.session_id,
+            run_id: self.id,
+            role: crate::domain::Role::User,
+            content: vec![crate::domain::ContentPart::Text {
+                text: self.input.clone(),
+            }],
+            reasoning: Vec::new(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            tool_name: None,
+            created_at: self.created_at,
+            status: crate::domain::MessageStatus::default(),
+        }
+    }
+}
+
 /// A session's context since an earlier read ([`Store::session_context_after`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ContextUpdate {
@@ -307,9 +329,6 @@ pub enum ContextUpdate {
     Appended {
         /// The new messages.
         messages: Vec<Message>,
-        /// The store's sequence of the last message of the session now (`after_seq` when
-        /// nothing was added).
-        last_seq: i64,
         /// The calibration of the session's last model call, if one reported its usage.
         calibration: Option<Calibration>,
     },
@@ -524,13 +543,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn session_context(&self, session_id: SessionId) -> StoreResult<SessionContext>;
 
     /// What a session's context became since a run of this process loaded it up to the
-    /// message with sequence `after_seq` (0: nothing loaded yet): the messages stored after it
-    /// while the session was never compacted, its whole context (as [`Store::session_context`]
-    /// reads it) once it was. A few indexed reads whatever the session's length.
+    /// message `after` (`None`: nothing loaded yet): the messages stored after it while the
+    /// session was never compacted (none when `after` is not the session's), its whole context
+    /// (as [`Store::session_context`] reads it) once it was. A few indexed reads whatever the
+    /// session's length.
     async fn session_context_after(
         &self,
         session_id: SessionId,
-        after_seq: i64,
+        after: Option<MessageId>,
     ) -> StoreResult<ContextUpdate>;
 
     /// Every compaction of the session, in the order of the messages they cover.

@@ -319,13 +319,6 @@ impl TryFrom<RunRow> for RunRecord {
 }
 
 #[derive(sqlx::FromRow)]
-pub(super) struct MessageWithSeq {
-    pub(super) seq: i64,
-    #[sqlx(flatten)]
-    pub(super) message: MessageRow,
-}
-
-#[derive(sqlx::FromRow)]
 pub(super) struct CompactionWithSeq {
     #[sqlx(flatten)]
     pub(super) compaction: CompactionRow,
@@ -1314,7 +1307,7 @@ macro_rules! impl_store {
             async fn session_context_after(
                 &self,
                 session_id: $crate::domain::SessionId,
-                after_seq: i64,
+                after: Option<$crate::domain::MessageId>,
             ) -> $crate::store::StoreResult<$crate::store::ContextUpdate> {
                 use $crate::store::sql::MESSAGE_COLUMNS;
                 let compacted: Option<uuid::Uuid> = sqlx::query_scalar(
@@ -1335,20 +1328,22 @@ macro_rules! impl_store {
                 .bind(session_id.0)
                 .fetch_optional(&self.pool)
                 .await?;
-                let rows: Vec<$crate::store::sql::MessageWithSeq> = sqlx::query_as(&format!(
-                    "SELECT seq, {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
-                     AND seq > $2 ORDER BY seq"
+                // After a message that is not the session's: nothing (`seq > NULL`).
+                let after_clause = if after.is_some() {
+                    "seq > (SELECT seq FROM messages WHERE id = $2 AND session_id = $1)"
+                } else {
+                    "$2 IS NULL"
+                };
+                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
+                     AND {after_clause} ORDER BY seq"
                 ))
                 .bind(session_id.0)
-                .bind(after_seq)
+                .bind(after.map(|id| id.0))
                 .fetch_all(&self.pool)
                 .await?;
-                let last_seq = rows.last().map_or(after_seq, |row| row.seq);
                 Ok($crate::store::ContextUpdate::Appended {
-                    messages: $crate::store::sql::messages(
-                        rows.into_iter().map(|row| row.message).collect(),
-                    )?,
-                    last_seq,
+                    messages: $crate::store::sql::messages(rows)?,
                     calibration: calibration.and_then(|row| row.calibration()),
                 })
             }
