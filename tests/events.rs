@@ -223,7 +223,49 @@ async fn a_cursor_past_the_end_of_a_live_run_ends_with_the_run(backend: Backend)
     server.stop().await;
 }
 
+/// What `POST /runs/stream` sends live is, frame for frame and byte for byte, what a replay of
+/// the stored log sends later; with a caller's `traceparent` too (its trace id is not the run's).
+async fn the_created_stream_is_the_stored_log(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    paced(&fake, 30, Duration::from_millis(2));
+    paced(&fake, 30, Duration::from_millis(2));
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    for traceparent in [
+        None,
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    ] {
+        let mut request = server
+            .client
+            .post(server.url("/runs/stream"))
+            .json(&json!({"provider": "fake", "model": "fake-model", "input": "stream it"}));
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let run_id = response.headers()["x-run-id"].to_str().unwrap().to_owned();
+        let live = collect_frames(response).await;
+        assert_contiguous(&live);
+        assert!(live.len() > 30);
+        if traceparent.is_some() {
+            assert_eq!(
+                live[0].json()["trace_id"],
+                "4bf92f3577b34da6a3ce929d0e0e4736"
+            );
+        }
+        assert_eq!(server.events(&run_id, None).await, live, "{traceparent:?}");
+        assert_eq!(
+            server.events(&run_id, Some((7, Cursor::Header))).await,
+            live[7..]
+        );
+    }
+    server.stop().await;
+}
+
 on_both_backends!(
+    the_created_stream_is_the_stored_log,
     a_cursor_past_the_end_of_a_live_run_ends_with_the_run,
     resume_at_every_position_reproduces_the_log,
     concurrent_watchers_receive_identical_streams,

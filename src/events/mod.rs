@@ -5,6 +5,7 @@
 
 mod feed;
 mod schema;
+mod stored;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -16,6 +17,7 @@ use crate::domain::{
 };
 
 pub use feed::{EventFeed, FeedSubscription, LoggedEvent};
+pub use stored::{StoredEnvelope, StoredEvent, UNKNOWN_KIND};
 
 /// One event of a run's log: envelope plus payload (proto `AgentEvent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@ use super::{AgentEvent, variant_schemas};
 
 /// One variant's schema parts, taken from its payload type.
 pub(crate) struct VariantSchema {
-    tag: &'static str,
+    pub(super) tag: &'static str,
     component: &'static str,
     payload: RefOr<Schema>,
     nested: Vec<(String, RefOr<Schema>)>,

@@ -2,8 +2,6 @@
 //! a macro instantiates once per backend (the queries are the same text; sqlx's types differ).
 //! JSON is stored as text on both backends so it reads back byte for byte.
 
-use std::sync::Arc;
-
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -13,7 +11,7 @@ use crate::domain::{
     Message, MessageId, MessageStatus, Role, RunDefinition, RunId, RunRecord, RunStatus, Session,
     SessionId, Snapshot, TokenUsage,
 };
-use crate::events::LoggedEvent;
+use crate::events::{LoggedEvent, StoredEnvelope, StoredEvent};
 
 pub(super) const RUN_COLUMNS: &str = "id, session_id, status, provider, model, tool_choice, \
      metadata, iterations, finish_reason, input_tokens, output_tokens, total_tokens, error, \
@@ -368,23 +366,39 @@ impl TryFrom<MessageRow> for Message {
     }
 }
 
+/// A row of `events` (migration 0006): see [`crate::events::StoredEvent`].
 #[derive(sqlx::FromRow)]
 pub(super) struct EventRow {
     sequence: i64,
-    event_type: String,
-    data: String,
-    terminal: bool,
+    kind: i16,
+    emitted_at: Option<i64>,
+    span_id: Option<Vec<u8>>,
+    trace_id: Option<Vec<u8>>,
+    body: String,
 }
 
-impl From<EventRow> for LoggedEvent {
-    fn from(row: EventRow) -> Self {
-        Self {
-            sequence: count(row.sequence),
-            event_type: row.event_type,
-            data: Arc::from(row.data),
-            terminal: row.terminal,
-        }
-    }
+/// The logged events of `run_id`'s rows, `data` derived again from the stored values.
+pub(super) fn events(
+    run_id: crate::domain::RunId,
+    rows: Vec<EventRow>,
+) -> StoreResult<Vec<LoggedEvent>> {
+    rows.into_iter()
+        .map(|row| {
+            let envelope = row.emitted_at.map(|emitted_at| StoredEnvelope {
+                emitted_at,
+                span_id: row.span_id.unwrap_or_default(),
+                trace_id: row.trace_id,
+            });
+            let stored = StoredEvent {
+                kind: row.kind,
+                envelope,
+                body: row.body,
+            };
+            stored
+                .decode(run_id, count(row.sequence))
+                .map_err(|error| corrupt("event", error))
+        })
+        .collect()
 }
 
 #[derive(sqlx::FromRow)]
@@ -541,12 +555,18 @@ macro_rules! impl_store {
                 if events.is_empty() {
                     return Ok(Vec::new());
                 }
+                // Encoded before the transaction opens: it stays as short as before.
+                let encoded: Vec<$crate::events::StoredEvent> = events
+                    .iter()
+                    .map(|write| $crate::events::StoredEvent::encode(write.run_id, &write.event))
+                    .collect();
                 let mut tx = self.begin_write().await?;
                 // Fencing: only runs this process (still) holds the lease of are written. The
                 // check holds until the commit: SQLite's write transaction excludes every other
                 // writer; PostgreSQL's `FOR SHARE` row locks make a takeover wait for it.
                 let mut fenced = Vec::new();
                 let kept;
+                let all = events;
                 let events = if let Some(owner) = owner {
                     let mut runs: Vec<uuid::Uuid> = events.iter().map(|w| w.run_id.0).collect();
                     runs.sort_unstable();
@@ -583,17 +603,26 @@ macro_rules! impl_store {
                 } else {
                     events
                 };
+                let stored: Vec<_> = all
+                    .iter()
+                    .zip(&encoded)
+                    .filter(|(write, _)| !fenced.contains(&write.run_id))
+                    .collect();
                 // One multi-row INSERT per chunk keeps group commit to a few statements.
-                for chunk in events.chunks(200) {
+                for chunk in stored.chunks(200) {
                     let mut insert = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO events (run_id, sequence, event_type, data, terminal) ",
+                        "INSERT INTO events (run_id, sequence, kind, emitted_at, span_id, \
+                         trace_id, body) ",
                     );
-                    insert.push_values(chunk, |mut row, write| {
+                    insert.push_values(chunk, |mut row, (write, stored)| {
+                        let envelope = stored.envelope.as_ref();
                         row.push_bind(write.run_id.0)
                             .push_bind(to_i64(write.event.sequence))
-                            .push_bind(write.event.event_type.as_str())
-                            .push_bind(&*write.event.data)
-                            .push_bind(write.event.terminal);
+                            .push_bind(stored.kind)
+                            .push_bind(envelope.map(|e| e.emitted_at))
+                            .push_bind(envelope.map(|e| e.span_id.as_slice()))
+                            .push_bind(envelope.and_then(|e| e.trace_id.as_deref()))
+                            .push_bind(stored.body.as_str());
                     });
                     insert.build().execute(&mut *tx).await?;
                 }
@@ -701,7 +730,7 @@ macro_rules! impl_store {
             ) -> $crate::store::StoreResult<Vec<$crate::events::LoggedEvent>> {
                 use $crate::store::sql::to_i64;
                 let rows: Vec<$crate::store::sql::EventRow> = sqlx::query_as(
-                    "SELECT sequence, event_type, data, terminal FROM events \
+                    "SELECT sequence, kind, emitted_at, span_id, trace_id, body FROM events \
                      WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
                 )
                 .bind(run_id.0)
@@ -709,7 +738,7 @@ macro_rules! impl_store {
                 .bind(i64::from(limit))
                 .fetch_all(&self.pool)
                 .await?;
-                Ok(rows.into_iter().map(Into::into).collect())
+                $crate::store::sql::events(run_id, rows)
             }
 
             async fn last_sequence(

@@ -87,7 +87,7 @@ enum Command {
         tokens: u32,
     },
     /// Measure every figure (or `--only` some) against behest on SQLite and/or PostgreSQL.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -149,6 +149,11 @@ struct RunArgs {
     /// Runs interrupted by the crash in the restart figure [default: 100; smoke 5].
     #[arg(long)]
     restart_runs: Option<usize>,
+    /// Runs of the storage figure [default: 50; smoke 2]. Every table and index has a
+    /// few pages whatever it holds (PostgreSQL: an index metapage, a free space map): more runs
+    /// spread them thinner, closer to what a run adds.
+    #[arg(long)]
+    storage_runs: Option<usize>,
 }
 
 impl RunArgs {
@@ -185,7 +190,7 @@ impl RunArgs {
             idle_watchers: self.idle_watchers.unwrap_or(pick(10_000, 50)),
             resume_samples: pick(300, 10),
             cancel_samples: pick(20, 2),
-            storage_runs: pick(50, 2),
+            storage_runs: self.storage_runs.unwrap_or(pick(50, 2)),
             restart_runs: self.restart_runs.unwrap_or(pick(100, 5)),
             restart_baselines: pick(5, 1),
             // Long enough to be mid-stream when every run has streamed a few tokens.
