@@ -626,7 +626,15 @@ macro_rules! impl_store {
                     });
                     insert.build().execute(&mut *tx).await?;
                 }
-                for write in events {
+                // A run's status and progress changes that follow one another in the batch are
+                // written as one UPDATE (e.g. a start's `run_started`, `context_built` and
+                // `model_started`): the later values win, as they would one after another.
+                let mut carried: Option<(
+                    $crate::domain::RunId,
+                    Option<$crate::domain::RunStatus>,
+                    Option<(u32, $crate::domain::TokenUsage)>,
+                )> = None;
+                for (index, write) in events.iter().enumerate() {
                     let change = &write.change;
                     if let Some(message) = &change.message {
                         Self::insert_message(&mut tx, message).await?;
@@ -655,31 +663,31 @@ macro_rules! impl_store {
                             .execute(&mut *tx)
                             .await?;
                     }
-                    if change.status.is_some() || change.progress.is_some() {
-                        let (iterations, usage) = change.progress.unzip();
-                        sqlx::query(
-                            "UPDATE runs SET status = COALESCE($2, status), \
-                             required_action = CASE WHEN $2 IS NULL OR $2 = 'requires_action' \
-                             THEN required_action ELSE NULL END, \
-                             iterations = COALESCE($3, iterations), \
-                             input_tokens = COALESCE($4, input_tokens), \
-                             output_tokens = COALESCE($5, output_tokens), \
-                             total_tokens = COALESCE($6, total_tokens), updated_at = $7, \
-                             reasoning_tokens = COALESCE($8, reasoning_tokens), \
-                             usage_estimated = COALESCE($9, usage_estimated) \
-                             WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')",
-                        )
-                        .bind(write.run_id.0)
-                        .bind(change.status.map(|s| s.as_str()))
-                        .bind(iterations.map(i64::from))
-                        .bind(usage.map(|u| to_i64(u.input_tokens)))
-                        .bind(usage.map(|u| to_i64(u.output_tokens)))
-                        .bind(usage.map(|u| to_i64(u.total_tokens)))
-                        .bind(chrono::Utc::now())
-                        .bind(usage.map(|u| to_i64(u.reasoning_tokens)))
-                        .bind(usage.map(|u| u.estimated))
-                        .execute(&mut *tx)
-                        .await?;
+                    let (mut status, mut progress) = (change.status, change.progress);
+                    if let Some((run_id, earlier_status, earlier_progress)) = carried.take() {
+                        if run_id == write.run_id {
+                            status = status.or(earlier_status);
+                            progress = progress.or(earlier_progress);
+                        } else {
+                            Self::update_run_progress(&mut tx, run_id, earlier_status, earlier_progress)
+                                .await?;
+                        }
+                    }
+                    if status.is_some() || progress.is_some() {
+                        // Carried into the next write of the same run, unless this one ends or
+                        // pauses the run, or the next pauses it (which keeps `required_action`).
+                        let carry = write.outcome.is_none()
+                            && change.required_action.is_none()
+                            && events.get(index + 1).is_some_and(|next| {
+                                next.run_id == write.run_id
+                                    && next.change.status
+                                        != Some($crate::domain::RunStatus::RequiresAction)
+                            });
+                        if carry {
+                            carried = Some((write.run_id, status, progress));
+                        } else {
+                            Self::update_run_progress(&mut tx, write.run_id, status, progress).await?;
+                        }
                     }
                     if let Some(action) = &change.required_action {
                         sqlx::query(
@@ -1636,6 +1644,42 @@ macro_rules! impl_explain_conflict {
                 }
                 tx.commit().await?;
                 Ok(created)
+            }
+
+            /// A run's new status and progress (`None`: unchanged); a status other than
+            /// `requires_action` clears what the run waited for. A terminal run is left alone.
+            async fn update_run_progress(
+                connection: &mut <$db as sqlx::Database>::Connection,
+                run_id: $crate::domain::RunId,
+                status: Option<$crate::domain::RunStatus>,
+                progress: Option<(u32, $crate::domain::TokenUsage)>,
+            ) -> $crate::store::StoreResult<()> {
+                use $crate::store::sql::to_i64;
+                let (iterations, usage) = progress.unzip();
+                sqlx::query(
+                    "UPDATE runs SET status = COALESCE($2, status), \
+                     required_action = CASE WHEN $2 IS NULL OR $2 = 'requires_action' \
+                     THEN required_action ELSE NULL END, \
+                     iterations = COALESCE($3, iterations), \
+                     input_tokens = COALESCE($4, input_tokens), \
+                     output_tokens = COALESCE($5, output_tokens), \
+                     total_tokens = COALESCE($6, total_tokens), updated_at = $7, \
+                     reasoning_tokens = COALESCE($8, reasoning_tokens), \
+                     usage_estimated = COALESCE($9, usage_estimated) \
+                     WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')",
+                )
+                .bind(run_id.0)
+                .bind(status.map(|s| s.as_str()))
+                .bind(iterations.map(i64::from))
+                .bind(usage.map(|u| to_i64(u.input_tokens)))
+                .bind(usage.map(|u| to_i64(u.output_tokens)))
+                .bind(usage.map(|u| to_i64(u.total_tokens)))
+                .bind(chrono::Utc::now())
+                .bind(usage.map(|u| to_i64(u.reasoning_tokens)))
+                .bind(usage.map(|u| u.estimated))
+                .execute(connection)
+                .await?;
+                Ok(())
             }
 
             /// Inserts one message on a connection or in a transaction.
