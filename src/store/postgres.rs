@@ -8,6 +8,10 @@ use sqlx::{PgPool, Postgres, Transaction};
 use super::StoreResult;
 use super::sql::{impl_explain_conflict, impl_store};
 
+/// A pooled connection idle for longer than this is pinged before it is used again (the
+/// server may have closed it meanwhile).
+const IDLE_CHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The PostgreSQL store.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -28,8 +32,19 @@ impl PostgresStore {
     /// When the server is unreachable or a migration fails.
     pub async fn connect(url: &str) -> StoreResult<Self> {
         let options = PgConnectOptions::from_str(url)?;
+        // A connection is checked (a round trip) only after it sat idle: checking before
+        // every query, sqlx's default, doubles the round trips of a busy pool.
         let pool = PgPoolOptions::new()
             .max_connections(16)
+            .test_before_acquire(false)
+            .before_acquire(|connection, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > IDLE_CHECK_AFTER {
+                        sqlx::Connection::ping(connection).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options)
             .await?;
         super::migrate(

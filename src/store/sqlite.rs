@@ -69,8 +69,11 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
+        // A connection to a file in this process does not break while idle: no ping before
+        // each use (sqlx's default, a round trip to the connection's thread).
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         super::migrate(
