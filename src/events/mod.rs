@@ -15,7 +15,7 @@ use crate::domain::{
     SessionId, TokenUsage, ToolCall,
 };
 
-pub use feed::{EventFeed, FeedSubscription, LoggedEvent};
+pub use feed::{EventFeed, EventFrame, FeedSubscription, LoggedEvent};
 
 /// One event of a run's log: envelope plus payload (proto `AgentEvent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
