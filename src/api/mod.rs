@@ -15,6 +15,7 @@ mod providers;
 mod runs;
 mod sessions;
 mod snapshots;
+pub mod sse;
 mod system;
 mod tools;
 
@@ -46,8 +47,8 @@ pub struct AppInner {
     pub runtime: Arc<Runtime>,
     /// Cancelled at shutdown: open event streams end.
     pub shutdown: CancellationToken,
-    /// Interval of SSE keep-alive comments.
-    pub keep_alive: Duration,
+    /// The keep-alive comments of the event streams (`[runtime] keep_alive_ms`).
+    pub keep_alive: sse::KeepAlive,
     /// The API keys (`[auth]`); none: every route is open.
     pub auth: auth::Auth,
     /// Rate and watcher limits and the CORS allow-list (`[limits]`).
@@ -95,7 +96,8 @@ impl AppState {
         limits: limits::Limits,
         metrics: Option<PrometheusHandle>,
     ) -> Self {
-        let keep_alive = Duration::from_millis(runtime.config().keep_alive_ms.max(1));
+        let keep_alive =
+            sse::KeepAlive::new(Duration::from_millis(runtime.config().keep_alive_ms.max(1)));
         Self(Arc::new(AppInner {
             runtime,
             shutdown,

@@ -1,11 +1,9 @@
 //! RunService over REST: create (JSON or event stream), list, get, output, cancel, watch.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -15,7 +13,7 @@ use super::auth::Caller;
 use super::extract::{Json, Query};
 use super::limits::WatcherPermit;
 use super::page::RunListQuery;
-use super::{ApiError, AppState, Problem};
+use super::{ApiError, AppState, Problem, sse};
 use crate::domain::{
     CreateRunRequest, CreateRunResponse, FinishReason, Role, RunId, RunOutput, RunRecord, RunStatus,
 };
@@ -489,7 +487,7 @@ fn events_expired(record: &RunRecord) -> ApiError {
 /// proxy buffering; it ends after the terminal event or at shutdown. `permit` counts it
 /// against the watcher caps while it is open.
 fn event_stream(state: &AppState, run_id: RunId, after: u64, permit: WatcherPermit) -> Response {
-    let events = state
+    let frames = state
         .runtime
         .watch(run_id, after)
         .take_while(move |item| {
@@ -499,21 +497,10 @@ fn event_stream(state: &AppState, run_id: RunId, after: u64, permit: WatcherPerm
             std::future::ready(item.is_ok())
         })
         .filter_map(|item| std::future::ready(item.ok()))
-        .map(move |event| {
+        .map(move |frame| {
             let _open = &permit;
-            Ok::<_, Infallible>(
-                Event::default()
-                    .id(event.sequence.to_string())
-                    .event(&event.event_type)
-                    .data(&*event.data),
-            )
+            frame.bytes.clone()
         })
         .take_until(state.shutdown.clone().cancelled_owned());
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(state.keep_alive))
-        .into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
+    sse::response(frames, &state.keep_alive)
 }

@@ -16,7 +16,7 @@ use crate::domain::{
     SessionId, TokenUsage, ToolCall,
 };
 
-pub use feed::{EventFeed, FeedSubscription, LoggedEvent};
+pub use feed::{EventFeed, EventFrame, FeedSubscription, LoggedEvent};
 pub use stored::{StoredEnvelope, StoredEvent, UNKNOWN_KIND};
 
 /// One event of a run's log: envelope plus payload (proto `AgentEvent`).

@@ -127,7 +127,7 @@ async fn write_loop(
                         if fenced.contains(&write.run_id) {
                             ack = Err(LogError::Fenced);
                         } else {
-                            feed.publish(write.run_id, write.event);
+                            feed.publish(write.run_id, &write.event);
                         }
                     }
                     ack

@@ -29,7 +29,7 @@ use crate::config::{AgentPreset, ModelConfig, ProviderConfig, RuntimeConfig};
 use crate::domain::{
     CompactionConfig, CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId,
 };
-use crate::events::{EventFeed, EventPayload, LoggedEvent};
+use crate::events::{EventFeed, EventFrame, EventPayload};
 use crate::provider::Provider;
 use crate::store::{NewRun, Store, StoreError};
 use crate::tools::ToolRegistry;
@@ -563,7 +563,7 @@ impl Runtime {
         &self,
         run_id: RunId,
         after: u64,
-    ) -> impl Stream<Item = Result<Arc<LoggedEvent>, StoreError>> + Send + 'static {
+    ) -> impl Stream<Item = Result<Arc<EventFrame>, StoreError>> + Send + 'static {
         let live = self.log.feed().subscribe(run_id);
         watch::watch(self.store.clone(), run_id, live, after)
     }

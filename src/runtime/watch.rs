@@ -2,8 +2,10 @@
 //! forward live events. Any gap in `sequence` (the replay/live race, a lagging watcher, a
 //! closed feed) is filled from the store, which holds every published event; any sequence
 //! already sent is dropped. The stream ends after the terminal event.
+//!
+//! A watcher holds no copy of the log: live events are the feed's shared frames, and a replay
+//! page is rendered one event at a time and released once sent.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use futures::Stream;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::domain::RunId;
-use crate::events::{FeedSubscription, LoggedEvent};
+use crate::events::{EventFrame, FeedSubscription, LoggedEvent};
 use crate::store::{Store, StoreError};
 
 /// Events read from the store per query.
@@ -24,7 +26,8 @@ struct Watch {
     run_id: RunId,
     live: Option<FeedSubscription>,
     last_sent: u64,
-    replay: VecDeque<Arc<LoggedEvent>>,
+    /// The rest of the store page being replayed.
+    replay: std::vec::IntoIter<LoggedEvent>,
     read_store: bool,
     done: bool,
 }
@@ -36,13 +39,13 @@ pub fn watch(
     run_id: RunId,
     live: Option<FeedSubscription>,
     after: u64,
-) -> impl Stream<Item = Result<Arc<LoggedEvent>, StoreError>> + Send + 'static {
+) -> impl Stream<Item = Result<Arc<EventFrame>, StoreError>> + Send + 'static {
     let watch = Watch {
         store,
         run_id,
         live,
         last_sent: after,
-        replay: VecDeque::new(),
+        replay: Vec::new().into_iter(),
         read_store: true,
         done: false,
     };
@@ -56,18 +59,33 @@ pub fn watch(
 }
 
 impl Watch {
-    async fn next(&mut self) -> Option<Result<Arc<LoggedEvent>, StoreError>> {
+    /// Sends `frame` if it is the next one; true when it was sent.
+    fn send(&mut self, frame: &EventFrame) -> bool {
+        if frame.sequence != self.last_sent + 1 {
+            return false;
+        }
+        self.last_sent = frame.sequence;
+        self.done = frame.terminal;
+        true
+    }
+
+    async fn next(&mut self) -> Option<Result<Arc<EventFrame>, StoreError>> {
         loop {
             if self.done {
                 return None;
             }
-            if let Some(event) = self.replay.pop_front() {
+            if let Some(event) = self.replay.next() {
                 if event.sequence <= self.last_sent {
                     continue;
                 }
-                self.last_sent = event.sequence;
-                self.done = event.terminal;
-                return Some(Ok(event));
+                let frame = event.frame();
+                self.last_sent = frame.sequence;
+                self.done = frame.terminal;
+                if self.replay.len() == 0 {
+                    // Release the page's buffer: an idle watcher keeps none.
+                    self.replay = Vec::new().into_iter();
+                }
+                return Some(Ok(Arc::new(frame)));
             }
             if self.read_store {
                 let page = match self
@@ -88,7 +106,7 @@ impl Watch {
                         Err(error) => return Some(Err(error)),
                     }
                 }
-                self.replay.extend(page.into_iter().map(Arc::new));
+                self.replay = page.into_iter();
                 continue;
             }
             let Some(live) = self.live.as_mut() else {
@@ -98,9 +116,9 @@ impl Watch {
                 continue;
             };
             match live.recv().await {
-                Ok(event) if event.sequence == self.last_sent + 1 => self.replay.push_back(event),
+                Ok(frame) if self.send(&frame) => return Some(Ok(frame)),
                 // Already sent, or before the cursor; a terminal one there ends the stream.
-                Ok(event) if event.sequence <= self.last_sent => self.done = event.terminal,
+                Ok(frame) if frame.sequence <= self.last_sent => self.done = frame.terminal,
                 // A gap: the store has everything up to this durable event.
                 Ok(_) | Err(RecvError::Lagged(_)) => self.read_store = true,
                 Err(RecvError::Closed) => {

@@ -162,8 +162,9 @@ impl FakeProvider {
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
+        // A make-service, as behest serves: a bare `Router` would be rebuilt per connection.
         let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let _ = axum::serve(listener, app.into_make_service()).await;
         });
         Ok(Self {
             addr,

@@ -409,18 +409,18 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
         .ok_or_else(|| BenchError(format!("no VmRSS in /proc/{pid}/status")))
 }
 
-/// CPU time a process has used so far (user + system), in ms: `/proc/PID/stat` fields 14 and
-/// 15, in clock ticks of 10 ms (Linux's `USER_HZ` is 100 on every architecture it reports).
-pub fn cpu_ms(pid: u32) -> Result<f64> {
+/// CPU time (user + system) `pid` has used so far, in seconds (`/proc/<pid>/stat` fields 14
+/// and 15, in clock ticks of 1/100 s: `USER_HZ`, 100 on Linux).
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    // The command name (field 2) may hold spaces: count the fields after its closing `)`.
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest.split_whitespace().collect())
         .unwrap_or_default();
-    let tick = |n: usize| fields.get(n).and_then(|v| v.parse::<f64>().ok());
-    match (tick(11), tick(12)) {
-        (Some(user), Some(system)) => Ok((user + system) * 10.0),
+    let ticks = |index: usize| fields.get(index).and_then(|f| f.parse::<u64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(user), Some(system)) => Ok((user + system) as f64 / 100.0),
         _ => Err(BenchError(format!("no CPU times in /proc/{pid}/stat"))),
     }
 }

@@ -192,7 +192,7 @@ pub(super) async fn fanout(ctx: &Ctx) -> Result<Vec<Row>> {
             rate,
             Compare::Ratio,
         )
-        .target_absolute(Target::AtLeast(50_000.0))
+        .target_absolute(Target::AtLeast(100_000.0))
         .samples(count)
         .note(format!(
             "tokens every {} ms per run: ≈{offered:.0} token events/s offered; baseline: {watchers} \
@@ -215,7 +215,7 @@ pub(super) async fn fanout(ctx: &Ctx) -> Result<Vec<Row>> {
             lag.p(99.0),
             Compare::Difference,
         )
-        .target_absolute(Target::AtMost(100.0))
+        .target_absolute(Target::AtMost(50.0))
         .samples(lag.len()),
     ])
 }

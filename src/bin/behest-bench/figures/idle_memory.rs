@@ -81,7 +81,7 @@ pub(super) async fn idle_memory(ctx: &Ctx) -> Result<Vec<Row>> {
             per_watcher,
             Compare::Difference,
         )
-        .target_absolute(Target::AtMost(16.0))
+        .target_absolute(Target::AtMost(8.0))
         .samples(watchers)
         .note(format!(
             "behest RSS {before} → {after} KiB; baseline: RSS per idle stream of the fake provider \
@@ -92,39 +92,12 @@ pub(super) async fn idle_memory(ctx: &Ctx) -> Result<Vec<Row>> {
 
 /// RSS per idle streaming request of the fake provider run as its own process (KiB).
 async fn idle_direct(ctx: &Ctx, streams: usize) -> Result<f64> {
-    use tokio::io::AsyncBufReadExt;
-    let exe = std::env::current_exe()?;
-    let mut child = tokio::process::Command::new(exe)
-        .args([
-            "fake-provider",
-            "--bind",
-            "127.0.0.1:0",
-            "--ttft-ms",
-            "3600000",
-            "--tokens",
-            "1",
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let pid = child
-        .id()
-        .ok_or_else(|| BenchError("the fake provider exited at once".to_owned()))?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| BenchError("no stdout from the fake provider".to_owned()))?;
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .map_err(|_| BenchError("the fake provider did not start".to_owned()))??
-        .unwrap_or_default();
-    let base_url = line
-        .split_whitespace()
-        .find(|word| word.starts_with("http://"))
-        .ok_or_else(|| BenchError(format!("unexpected fake provider output: {line}")))?
-        .to_owned();
+    let FakeProcess {
+        mut child,
+        pid,
+        base_url,
+        ..
+    } = fake_provider_process(&["--ttft-ms", "3600000", "--tokens", "1"]).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kib(pid)?;
     let permits = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
@@ -154,4 +127,50 @@ async fn idle_direct(ctx: &Ctx, streams: usize) -> Result<f64> {
     drop(held);
     let _ = child.kill().await;
     Ok(after.saturating_sub(before) as f64 / streams.max(1) as f64)
+}
+
+/// The fake provider as its own process.
+pub(super) struct FakeProcess {
+    /// The child, killed when dropped.
+    pub child: tokio::process::Child,
+    pub pid: u32,
+    pub base_url: String,
+    /// Its stdout, kept open while it runs.
+    _stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+/// `behest-bench fake-provider` with `args` as its own process on a free local port.
+pub(super) async fn fake_provider_process(args: &[&str]) -> Result<FakeProcess> {
+    use tokio::io::AsyncBufReadExt;
+    let exe = std::env::current_exe()?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["fake-provider", "--bind", "127.0.0.1:0"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child
+        .id()
+        .ok_or_else(|| BenchError("the fake provider exited at once".to_owned()))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| BenchError("no stdout from the fake provider".to_owned()))?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .map_err(|_| BenchError("the fake provider did not start".to_owned()))??
+        .unwrap_or_default();
+    let base_url = line
+        .split_whitespace()
+        .find(|word| word.starts_with("http://"))
+        .ok_or_else(|| BenchError(format!("unexpected fake provider output: {line}")))?
+        .to_owned();
+    Ok(FakeProcess {
+        child,
+        pid,
+        base_url,
+        _stdout: lines,
+    })
 }

@@ -29,6 +29,7 @@ mod restart;
 mod resume;
 mod storage;
 mod throughput;
+mod watchers_per_core;
 
 /// The model with the default profile (or the one given on the command line).
 pub const MODEL_DEFAULT: &str = "fake-model";
@@ -40,6 +41,8 @@ pub const MODEL_FAST: &str = "bench-fast";
 pub const MODEL_FANOUT: &str = "bench-fanout";
 /// Gated forever: runs that idle while watchers hold their streams.
 pub const MODEL_IDLE: &str = "bench-idle";
+/// Gated, one token per second for an hour: watchers per core at 1 event/s.
+pub const MODEL_PER_CORE: &str = "bench-per-core";
 /// A long answer, cancelled mid-stream.
 pub const MODEL_CANCEL: &str = "bench-cancel";
 /// A slow answer, interrupted by a crash mid-stream and resumed by the next process.
@@ -52,12 +55,13 @@ pub const MODEL_LONG: &str = "bench-long";
 /// The context window of [`MODEL_COMPACT`], in tokens (the other models have 128,000).
 pub const COMPACT_WINDOW: u32 = 8_000;
 /// Every model behest is configured with.
-pub const MODELS: [&str; 9] = [
+pub const MODELS: [&str; 10] = [
     MODEL_DEFAULT,
     MODEL_SHORT,
     MODEL_FAST,
     MODEL_FANOUT,
     MODEL_IDLE,
+    MODEL_PER_CORE,
     MODEL_CANCEL,
     MODEL_RESTART,
     MODEL_COMPACT,
@@ -98,6 +102,12 @@ pub struct Plan {
     pub idle_runs: usize,
     /// Idle watchers.
     pub idle_watchers: usize,
+    /// Slow runs the watchers-per-core figure watches.
+    pub per_core_runs: usize,
+    /// Watchers of the slow runs, one event per second each.
+    pub per_core_watchers: usize,
+    /// How long their CPU time is measured.
+    pub per_core_window: Duration,
     /// Resume samples.
     pub resume_samples: usize,
     /// Cancel samples.
@@ -134,6 +144,15 @@ impl Plan {
             ),
             (MODEL_IDLE.to_owned(), Profile::ms(0, 1, 1).gated()),
             (
+                MODEL_PER_CORE.to_owned(),
+                Profile {
+                    ttft: Duration::ZERO,
+                    interval: watchers_per_core::PER_CORE_INTERVAL,
+                    tokens: 3600,
+                    gated: true,
+                },
+            ),
+            (
                 MODEL_CANCEL.to_owned(),
                 Profile::ms(0, cancel_interval, 100_000),
             ),
@@ -167,6 +186,8 @@ pub enum Figure {
     Fanout,
     /// Memory per idle SSE watcher.
     IdleMemory,
+    /// Watchers one core keeps fed at one event per second each.
+    WatchersPerCore,
     /// Reconnect with `Last-Event-ID` → first replayed event.
     Resume,
     /// Cancel request → provider connection closed.
@@ -480,6 +501,10 @@ pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec
     if wants(Figure::IdleMemory) {
         step("memory per idle watcher");
         rows.extend(idle_memory::idle_memory(ctx).await?);
+    }
+    if wants(Figure::WatchersPerCore) {
+        step("watchers per core at 1 event/s");
+        rows.extend(watchers_per_core::watchers_per_core(ctx).await?);
     }
     for row in &mut rows {
         row.backend = ctx.backend.name().to_owned();

@@ -10,10 +10,10 @@ use crate::{BenchError, Result};
 pub(super) async fn throughput(ctx: &Ctx) -> Result<Vec<Row>> {
     let plan = &ctx.plan;
     let (base_rate, base_latency) = closed_loop(ctx, false).await?;
-    let cpu_before = crate::target::cpu_ms(ctx.behest_pid)?;
+    let cpu_before = crate::target::cpu_seconds(ctx.behest_pid)? * 1000.0;
     let (rate, latency) = closed_loop(ctx, true).await?;
-    let cpu_per_run =
-        (crate::target::cpu_ms(ctx.behest_pid)? - cpu_before) / latency.len().max(1) as f64;
+    let cpu_per_run = (crate::target::cpu_seconds(ctx.behest_pid)? * 1000.0 - cpu_before)
+        / latency.len().max(1) as f64;
     let label = format!(
         "{} tokens, {} clients",
         plan.short_tokens, plan.short_concurrency
