@@ -293,7 +293,10 @@ async fn console_works_with_api_keys_in_a_real_browser() {
     }
     let key = "console-key-27182818";
     let mut server = DemoServer::start_with_env(&[("BEHEST_AUTH__KEYS", key)]).await;
-    let refused = reqwest::get(format!("{}/providers", server.url))
+    let refused = behest::net::client()
+        .unwrap()
+        .get(format!("{}/providers", server.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(refused.status(), 401, "the API needs the key");
