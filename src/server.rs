@@ -188,6 +188,14 @@ pub async fn refuse_unprotected(config: &Config) -> Result<(), ServeError> {
 }
 
 async fn serve_configured(config: Config) -> Result<(), ServeError> {
+    // The address first: a second server started by mistake on a taken port stops here,
+    // before it migrates the database or takes over the runs of the one serving.
+    let listener = TcpListener::bind(&config.bind).await.map_err(|error| {
+        std::io::Error::new(
+            error.kind(),
+            format!("cannot listen on `bind` = `{}`: {error}", config.bind),
+        )
+    })?;
     let store = store::connect(&config.database_url).await?;
     let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
     if let Err(error) = registry.add_builtins(&config.builtin_tools) {
@@ -198,12 +206,6 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
     let runtime = runtime(&config, store, tools.clone())?;
     runtime.warn_unfit_models().await;
     runtime.recover().await?;
-    let listener = TcpListener::bind(&config.bind).await.map_err(|error| {
-        std::io::Error::new(
-            error.kind(),
-            format!("cannot listen on `bind` = `{}`: {error}", config.bind),
-        )
-    })?;
     tracing::info!(
         address = %listener.local_addr()?,
         providers = config.providers.len(),

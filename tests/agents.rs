@@ -812,6 +812,80 @@ async fn cancel_while_waiting(backend: Backend) {
     }
 }
 
+/// An answer and a cancel sent at the same moment: whichever wins, the call has exactly one
+/// result in the session (the answer's or the cancel's), and the session's next request is
+/// valid. Raced many times, since the window is a few milliseconds.
+async fn an_answer_racing_a_cancel_leaves_one_result(backend: Backend) {
+    let wire = BOTH[0];
+    let fake = FakeOpenAi::start().await;
+    let Some(server) = TestServer::start(backend, config(&fake.base_url(), "")).await else {
+        return;
+    };
+    for attempt in 0..30 {
+        fake.push(wire.tool_calls(&[("call_loc", "get_location", json!({}))]));
+        let run_id = start(
+            &server,
+            json!({"provider": wire.provider(), "model": "fake-model", "input": "where am I?",
+                   "tools": client_tools()}),
+        )
+        .await;
+        let session = waiting(&server, &run_id).await["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let (path, body) = (
+            format!("/runs/{run_id}/tool_outputs"),
+            json!({"tool_outputs": [{"call_id": "call_loc", "output": "Lyon"}]}),
+        );
+        let answer = post(&server, &path, &body);
+        // The cancel 0 to 4 ms after the answer: the window where both land.
+        let cancel = async {
+            tokio::time::sleep(Duration::from_millis(attempt % 5)).await;
+            server
+                .client
+                .post(server.url(&format!("/runs/{run_id}/cancel?wait=true")))
+                .send()
+                .await
+        };
+        let (_, cancelled) = tokio::join!(answer, cancel);
+        assert_eq!(cancelled.unwrap().status(), 200);
+        let run = server.finished_run(&run_id).await;
+        let frames = server.events(&run_id, None).await;
+        let committed = kinds(&frames)
+            .iter()
+            .filter(|kind| **kind == "tool_message_committed")
+            .count();
+        let messages = server
+            .get_json(&format!("/sessions/{session}/messages"))
+            .await;
+        let results: Vec<&Value> = messages["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .collect();
+        assert_eq!(
+            (results.len(), committed),
+            (1, 1),
+            "attempt {attempt}, run {}: one result for the call: {results:?}",
+            run["status"]
+        );
+        if run["status"] == "completed" {
+            continue;
+        }
+        fake.push(wire.text("Still here."));
+        let next = start(
+            &server,
+            json!({"session_id": session, "provider": wire.provider(), "model": "fake-model",
+                   "input": "still there?"}),
+        )
+        .await;
+        assert_eq!(server.finished_run(&next).await["status"], "completed");
+    }
+    wire.assert_valid(&fake.requests());
+    server.stop().await;
+}
+
 /// A model that uses a call id again in a later turn (after a compaction dropped the earlier
 /// turn from its context, or a server that numbers its calls) gets that turn's call answered
 /// by the client again: an earlier turn's answer is never reused.
@@ -1482,6 +1556,7 @@ on_both_backends!(
     a_preset_plus_overrides,
     client_tool_round_trip,
     cancel_while_waiting,
+    an_answer_racing_a_cancel_leaves_one_result,
     a_call_id_used_again_waits_for_its_own_answer,
     an_expired_wait_ends_the_run,
     approvals_granted_and_rejected,

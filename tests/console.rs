@@ -400,3 +400,30 @@ async fn migrate_says_what_it_applied_then_up_to_date() {
     );
     assert!(!logs[1].contains("applied migration"), "{}", logs[1]);
 }
+
+/// A second `behest serve` started by mistake on the address of one serving stops at once,
+/// before it opens (or creates, or migrates) a database or takes over the runs in it.
+#[tokio::test]
+async fn a_second_server_on_a_taken_address_touches_no_database() {
+    let server = DemoServer::start().await;
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("second.db");
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        Command::new(env!("CARGO_BIN_EXE_behest"))
+            .args(["serve", "--bind", &address, "--database-url"])
+            .arg(format!("sqlite://{}", database.display()))
+            .env_remove("BEHEST_CONFIG")
+            .env_remove("BEHEST_DATABASE_URL")
+            .env_remove("BEHEST_BIND")
+            .output(),
+    )
+    .await
+    .expect("the second server stops within 30 s")
+    .expect("run behest serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot listen"), "{stderr}");
+    assert!(!database.exists(), "no database was opened: {stderr}");
+}

@@ -1321,10 +1321,16 @@ async fn crash_twice(backend: Backend) {
             Watcher::start(&second, &run.run_id, before.last().map(Frame::sequence))
         })
         .collect();
+    // Each watcher has read its run's `run_resumed` too: a watcher that connected before this
+    // process took its run over polls the store, and the kill must not come before its poll.
     wait_until(
         "x1 streaming its last reply and x2 in its slow tool, after the resume",
         WAIT,
-        || watchers[0].saw("text_delta") > 0 && h.tools.count(&slow_marker) > 0,
+        || {
+            watchers[0].saw("text_delta") > 0
+                && h.tools.count(&slow_marker) > 0
+                && watchers.iter().all(|w| w.saw("run_resumed") > 0)
+        },
     )
     .await;
     second.kill().await;

@@ -76,6 +76,21 @@ impl EventLog {
         Self { queue, feed }
     }
 
+    /// Waits until every event enqueued before this call is committed (or its batch failed).
+    ///
+    /// # Errors
+    /// [`LogError::WriterGone`] when the writer stopped; the store's error of that batch.
+    pub async fn flush(&self) -> Result<(), LogError> {
+        let (done, ack) = oneshot::channel();
+        self.queue
+            .send(Pending {
+                writes: Vec::new(),
+                done,
+            })
+            .map_err(|_| LogError::WriterGone)?;
+        ack.await.map_err(|_| LogError::WriterGone)?
+    }
+
     /// The live feed events are published to.
     #[must_use]
     pub fn feed(&self) -> &Arc<EventFeed> {

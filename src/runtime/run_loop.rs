@@ -209,6 +209,11 @@ pub(super) async fn supervise(
             Err(RunFailure::Expired(_)) => agents::EXPIRED,
             _ => "not executed: the run ended before this tool call finished",
         };
+        // What the stopped body emitted in its last moment (e.g. the tool message of an answer
+        // that raced the cancel) is in the store before the cleanup reads what is still open.
+        if let Err(error) = runtime.log.flush().await {
+            tracing::warn!(%run_id, %error, "the events emitted before the end were not all written");
+        }
         // The text of a model call the run ended in is kept, marked incomplete.
         if let Err(error) =
             keep_cut_off_text(runtime.store().as_ref(), &emitter, &record_for_cleanup).await
