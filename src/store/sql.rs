@@ -500,9 +500,7 @@ macro_rules! impl_store {
                     Err(_) if runs.len() > 1 => {
                         let mut results = Vec::with_capacity(runs.len());
                         for run in runs {
-                            results.push(self.create_runs(std::slice::from_ref(run)).await.pop().unwrap_or_else(
-                                || Err($crate::store::StoreError::Corrupt("no run created".to_owned())),
-                            ));
+                            results.push(self.create_run(run).await);
                         }
                         results
                     }
@@ -1279,14 +1277,7 @@ macro_rules! impl_store {
                 session_id: $crate::domain::SessionId,
             ) -> $crate::store::StoreResult<$crate::store::SessionContext> {
                 use $crate::store::sql::{COMPACTION_COLUMNS, MESSAGE_COLUMNS};
-                let calibration: Option<$crate::store::sql::CalibrationRow> = sqlx::query_as(
-                    "SELECT context_reported_tokens, context_counted_tokens FROM sessions \
-                     WHERE id = $1",
-                )
-                .bind(session_id.0)
-                .fetch_optional(&self.pool)
-                .await?;
-                let calibration = calibration.and_then(|row| row.calibration());
+                let calibration = Self::calibration(&self.pool, session_id).await?;
                 let latest: Option<($crate::store::sql::CompactionRow, i64)> = {
                     let row: Option<$crate::store::sql::CompactionWithSeq> = sqlx::query_as(&format!(
                         "SELECT {COMPACTION_COLUMNS}, through_seq FROM compactions \
@@ -1358,13 +1349,7 @@ macro_rules! impl_store {
                         self.session_context(session_id).await?,
                     )));
                 }
-                let calibration: Option<$crate::store::sql::CalibrationRow> = sqlx::query_as(
-                    "SELECT context_reported_tokens, context_counted_tokens FROM sessions \
-                     WHERE id = $1",
-                )
-                .bind(session_id.0)
-                .fetch_optional(&self.pool)
-                .await?;
+                let calibration = Self::calibration(&self.pool, session_id).await?;
                 // After a message that is not the session's: nothing (`seq > NULL`).
                 let after_clause = if after.is_some() {
                     "seq > (SELECT seq FROM messages WHERE id = $2 AND session_id = $1)"
@@ -1381,7 +1366,7 @@ macro_rules! impl_store {
                 .await?;
                 Ok($crate::store::ContextUpdate::Appended {
                     messages: $crate::store::sql::messages(rows)?,
-                    calibration: calibration.and_then(|row| row.calibration()),
+                    calibration,
                 })
             }
 
@@ -1680,6 +1665,21 @@ macro_rules! impl_explain_conflict {
                 .execute(connection)
                 .await?;
                 Ok(())
+            }
+
+            /// The calibration of the session's last model call, if one reported its usage.
+            async fn calibration(
+                pool: &sqlx::Pool<$db>,
+                session_id: $crate::domain::SessionId,
+            ) -> $crate::store::StoreResult<Option<$crate::store::Calibration>> {
+                let row: Option<$crate::store::sql::CalibrationRow> = sqlx::query_as(
+                    "SELECT context_reported_tokens, context_counted_tokens FROM sessions \
+                     WHERE id = $1",
+                )
+                .bind(session_id.0)
+                .fetch_optional(pool)
+                .await?;
+                Ok(row.and_then(|row| row.calibration()))
             }
 
             /// Inserts one message on a connection or in a transaction.
