@@ -17,7 +17,6 @@ use super::{Ctx, MODEL_COMPACT, tag};
 use crate::Result;
 use crate::check::StreamCheck;
 use crate::report::{Compare, Dist, Row, Target, ms};
-use crate::sse::SseReader;
 
 /// The model the check is timed for (a real tokenizer: `o200k_base`).
 const CHECK_MODEL: &str = "gpt-4o-mini";
@@ -236,23 +235,7 @@ struct Turn {
 /// `POST /runs/stream` in `session` (a new one when `None`), read to the end through the hard
 /// check.
 async fn turn(ctx: &Ctx, session: Option<&str>, input: &str) -> Result<(String, Turn)> {
-    let mut body = json!({"provider": "fake", "model": MODEL_COMPACT, "input": input});
-    if let Some(session) = session {
-        body["session_id"] = json!(session);
-    }
-    let sent_at = Instant::now();
-    let response = ctx
-        .client
-        .post(format!("{}/runs/stream", ctx.behest_url))
-        .json(&body)
-        .send()
-        .await?;
-    if response.status() != reqwest::StatusCode::OK {
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        bail!("POST /runs/stream answered {status}: {text}");
-    }
-    let mut reader = SseReader::new(response);
+    let (sent_at, mut reader) = ctx.stream_turn(MODEL_COMPACT, input, session).await?;
     let mut check = StreamCheck::new(0);
     let mut compactions = Vec::new();
     let mut model_tokens = 0;

@@ -4,14 +4,9 @@
 //! session, building the context and the compaction check. The first turns are the baseline,
 //! the last ones (1,000 turns in: 2,000 stored messages) the figure.
 
-use std::time::Instant;
-
-use serde_json::json;
-
 use super::{Ctx, MODEL_LONG, tag};
 use crate::check::StreamCheck;
 use crate::report::{Compare, Dist, Row, Target, ms};
-use crate::sse::SseReader;
 use crate::{BenchError, Result};
 
 /// Turns timed at each end of the session.
@@ -22,27 +17,8 @@ pub(super) const LONG_TOKENS: u32 = 40;
 
 /// One turn in `session` (a new one when `None`): the session's id and request → `model_started`.
 async fn turn(ctx: &Ctx, session: Option<&str>, n: usize) -> Result<(String, f64)> {
-    let mut body = json!({
-        "provider": "fake",
-        "model": MODEL_LONG,
-        "input": format!("{} turn {n}: what comes next?", tag("long-session")),
-    });
-    if let Some(session) = session {
-        body["session_id"] = json!(session);
-    }
-    let sent_at = Instant::now();
-    let response = ctx
-        .client
-        .post(format!("{}/runs/stream", ctx.behest_url))
-        .json(&body)
-        .send()
-        .await?;
-    if response.status() != reqwest::StatusCode::OK {
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        bail!("POST /runs/stream answered {status}: {text}");
-    }
-    let mut reader = SseReader::new(response);
+    let input = format!("{} turn {n}: what comes next?", tag("long-session"));
+    let (sent_at, mut reader) = ctx.stream_turn(MODEL_LONG, &input, session).await?;
     let mut check = StreamCheck::new(0);
     let mut session_id = session.map(str::to_owned);
     let mut started = None;

@@ -332,6 +332,32 @@ impl Ctx {
         Ok((sent_at, run_id, SseReader::new(response)))
     }
 
+    /// `POST /runs/stream` of `input` in `session` (a new session when `None`): when the
+    /// request was sent, and the run's event stream.
+    async fn stream_turn(
+        &self,
+        model: &str,
+        input: &str,
+        session: Option<&str>,
+    ) -> Result<(Instant, SseReader)> {
+        let mut body = json!({"provider": "fake", "model": model, "input": input});
+        if let Some(session) = session {
+            body["session_id"] = json!(session);
+        }
+        let sent_at = Instant::now();
+        let response = self
+            .keyed(self.client.post(self.url("/runs/stream")))
+            .json(&body)
+            .send()
+            .await?;
+        if response.status() != reqwest::StatusCode::OK {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            bail!("POST /runs/stream answered {status}: {text}");
+        }
+        Ok((sent_at, SseReader::new(response)))
+    }
+
     /// `POST /runs`: the new run's id.
     async fn create_run(&self, model: &str, tag: &str) -> Result<String> {
         self.create_run_at(&self.url("/runs"), model, tag).await
