@@ -61,7 +61,7 @@ fn provider(base_url: &str) -> Result<Anthropic, ProviderError> {
 fn hello() -> ModelRequest {
     ModelRequest {
         model: MODEL.to_owned(),
-        messages: vec![message(Role::User, "Say hello")],
+        messages: vec![message(Role::User, "Say hello")].into(),
         tools: Vec::new(),
         tool_choice: ToolChoice::default(),
         max_output_tokens: None,
@@ -188,7 +188,8 @@ async fn tool_use_request_and_parallel_answer() -> TestResult {
             assistant,
             time,
             weather,
-        ],
+        ]
+        .into(),
         tools: vec![ToolSpec {
             name: "get_weather".to_owned(),
             description: "Current weather of a place".to_owned(),
@@ -497,12 +498,14 @@ async fn extended_thinking_streams_and_is_replayed_first_with_its_tool_use() -> 
     assistant.reasoning = reasoning;
     assistant.tool_calls = calls.clone();
     let mut second = first;
-    second.messages.push(assistant);
+    let mut messages = second.messages.to_vec();
+    messages.push(assistant);
     for (call, output) in calls.iter().zip(["sunny", "14:00"]) {
         let mut result = message(Role::Tool, output);
         result.tool_call_id = Some(call.id.clone());
-        second.messages.push(result);
+        messages.push(result);
     }
+    second.messages = messages.into();
     let (events, error) = run(&provider, second).await?;
     assert_eq!((text_of(&events).as_str(), error), ("Sunny, 14:00.", None));
 

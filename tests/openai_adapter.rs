@@ -61,7 +61,7 @@ fn provider(base_url: &str) -> Result<std::sync::Arc<dyn Provider>, ProviderErro
 fn hello() -> ModelRequest {
     ModelRequest {
         model: "gpt-4o-mini".to_owned(),
-        messages: vec![message(Role::User, "Say hello")],
+        messages: vec![message(Role::User, "Say hello")].into(),
         tools: Vec::new(),
         tool_choice: ToolChoice::default(),
         max_output_tokens: None,
@@ -342,7 +342,8 @@ async fn tool_call_request_and_answer() -> TestResult {
             message(Role::User, "Time and weather in Paris?"),
             assistant,
             result,
-        ],
+        ]
+        .into(),
         tools: vec![ToolSpec {
             name: "get_weather".to_owned(),
             description: "Current weather of a place".to_owned(),
@@ -476,7 +477,7 @@ async fn deepseek_reasoning_goes_back_with_its_tool_turn() -> TestResult {
     let mut result = message(Role::Tool, "hi");
     result.tool_call_id = Some("call_00_Vw9dEfHk2mXoP4rT".to_owned());
     let mut second = first;
-    second.messages.extend([assistant, result]);
+    second.messages = [&second.messages[..], &[assistant, result]].concat().into();
     let (events, error) = run(provider.as_ref(), second).await?;
     assert_eq!((text_of(&events).as_str(), error), ("It says hi.", None));
     let requests = fake.requests();

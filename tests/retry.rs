@@ -92,7 +92,8 @@ fn hello() -> ModelRequest {
             tool_name: None,
             created_at: chrono::Utc::now(),
             status: Default::default(),
-        }],
+        }]
+        .into(),
         tools: Vec::new(),
         tool_choice: ToolChoice::default(),
         max_output_tokens: None,

@@ -42,8 +42,9 @@ pub struct ToolSpec {
 pub struct ModelRequest {
     /// Model name as the provider knows it.
     pub model: String,
-    /// The context, oldest first (system, user, assistant with tool calls, tool results).
-    pub messages: Vec<Message>,
+    /// The context, oldest first (system, user, assistant with tool calls, tool results);
+    /// shared, so that a request kept for its retries is not a copy of a long history.
+    pub messages: std::sync::Arc<[Message]>,
     /// Tools offered; empty means no tools are sent (and no `tool_choice`).
     pub tools: Vec<ToolSpec>,
     /// How the model may use the tools.

@@ -571,7 +571,7 @@ mod tests {
     fn request(input: &str, tools: &[&str]) -> ModelRequest {
         ModelRequest {
             model: "demo".to_owned(),
-            messages: vec![user(input)],
+            messages: vec![user(input)].into(),
             tools: tools
                 .iter()
                 .map(|name| ToolSpec {

@@ -438,7 +438,7 @@ pub(super) fn model_request(
     let parameters = &record.parameters;
     ModelRequest {
         model: record.model.clone(),
-        messages,
+        messages: messages.into(),
         tools,
         tool_choice,
         max_output_tokens: Some(max_output_tokens(record, model)),

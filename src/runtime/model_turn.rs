@@ -155,10 +155,12 @@ pub(super) async fn call_model(
         let (logged, stream) = if announce.is_empty() {
             (Ok(0), span.scope(entry.provider.stream(request)).await)
         } else {
-            tokio::join!(
-                emitter.emit_all(announce),
-                span.scope(entry.provider.stream(request))
-            )
+            tokio::join!(emitter.emit_all(announce), async {
+                // The log's writer, just woken, starts the commit before the request is built
+                // (a long session's request is ≈ 200 KB of JSON, milliseconds of this worker).
+                tokio::task::yield_now().await;
+                span.scope(entry.provider.stream(request)).await
+            })
         };
         logged?;
         let stream = stream.map_err(TurnError::Rejected)?;

@@ -338,13 +338,15 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             ))
         })?;
     let config = runtime.config().clone();
-    let session = runtime
+    let loaded = runtime
         .contexts
         .load(store.as_ref(), record.session_id)
         .await?;
+    let loaded_len = loaded.context.messages.len();
     let doom_loop = record.doom_loop.as_ref().unwrap_or(&config.doom_loop);
     let mut progress = Progress {
-        context: Conversation::new(session, &record.model)
+        context: Conversation::new(loaded.context, &record.model)
+            .with_counter(loaded.counter)
             .with_instructions(record.instructions.as_deref()),
         total_usage: TokenUsage::default(),
         tool_calls_made: 0,
@@ -353,9 +355,28 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             .then(|| DoomLoopDetector::new(doom_loop.threshold).allowing(&doom_loop.allow)),
         tools: agents::tool_specs(&runtime, record),
     };
+    let result = iterate(&context, &entry, &mut progress, resumed).await;
+    if let Some((messages, counter)) = progress.context.into_loaded(loaded_len) {
+        runtime
+            .contexts
+            .give_back(record.session_id, messages, counter);
+    }
+    result
+}
+
+/// The run's model calls and tool calls, from its first iteration (or where a resumed run goes
+/// on) to its end.
+async fn iterate(
+    context: &RunContext,
+    entry: &ProviderEntry,
+    progress: &mut Progress,
+    resumed: bool,
+) -> Result<Completion, RunFailure> {
+    let runtime = &context.runtime;
+    let record = &context.record;
     let mut preamble = Vec::new();
     let first_iteration = if resumed {
-        match resume(&context, &mut progress).await? {
+        match resume(context, progress).await? {
             Resumed::At(iteration) => iteration,
             Resumed::Done(completion) => return Ok(completion),
         }
@@ -435,7 +456,7 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 ..RunChange::default()
             },
         ));
-        let (turn, call) = call_model(&context, &mut progress, &entry, iteration, events).await?;
+        let (turn, call) = call_model(context, progress, entry, iteration, events).await?;
 
         // A call without reported usage is estimated with the tokenizer, and marked so; a
         // reported one calibrates the session's estimates.
@@ -506,7 +527,7 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
                 iterations: iteration,
             });
         }
-        run_tools(&context, &mut progress, message_id, &turn.tool_calls, None).await?;
+        run_tools(context, progress, message_id, &turn.tool_calls, None).await?;
     }
     Err(RunFailure::Limit(format!(
         "the run reached max_iterations ({max_iterations}) without the model stopping"

@@ -403,7 +403,7 @@ fn tool_message(call_id: &str, content: ContentPart) -> Message {
 fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice) -> ModelRequest {
     ModelRequest {
         model: "claude-sonnet-4-20250514".to_owned(),
-        messages,
+        messages: messages.into(),
         tools,
         tool_choice,
         max_output_tokens: Some(1024),

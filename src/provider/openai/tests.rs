@@ -678,7 +678,7 @@ fn body_of(request: &ModelRequest) -> Value {
 fn request(messages: Vec<Message>, tools: Vec<ToolSpec>, tool_choice: ToolChoice) -> ModelRequest {
     ModelRequest {
         model: "gpt-4o-mini".to_owned(),
-        messages,
+        messages: messages.into(),
         tools,
         tool_choice,
         max_output_tokens: None,
@@ -1449,10 +1449,12 @@ fn system_instructions_and_leading_system_messages_are_one_message() {
     );
     // Without instructions the leading system messages are still one.
     request.instructions = None;
-    request.messages.insert(
+    let mut messages = request.messages.to_vec();
+    messages.insert(
         0,
         message(Role::System, vec![text_part("Stored system prompt.")]),
     );
+    request.messages = messages.into();
     assert_eq!(
         body_of(&request)["messages"][0],
         json!({"role": "system", "content": "Stored system prompt.\n\nSummary of the earlier conversation."})

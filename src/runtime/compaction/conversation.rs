@@ -97,6 +97,28 @@ impl Conversation {
         &self.messages
     }
 
+    /// Counts with `counter` (the session's last run's, which knows its messages) when it
+    /// counts with this context's tokenizer.
+    #[must_use]
+    pub fn with_counter(mut self, counter: Option<TokenCounter>) -> Self {
+        if let Some(counter) = counter.filter(|c| c.tokenizer() == self.counter.tokenizer()) {
+            self.counter = counter;
+        }
+        self
+    }
+
+    /// The first `loaded` messages, which the context was built with, and the counter, when
+    /// no compaction applies to it (`None` otherwise): what a run gives back to its session's
+    /// cache.
+    pub fn into_loaded(self, loaded: usize) -> Option<(Vec<Message>, TokenCounter)> {
+        if self.compaction.is_some() || self.messages.len() < loaded {
+            return None;
+        }
+        let mut messages = self.messages;
+        messages.truncate(loaded);
+        Some((messages, self.counter))
+    }
+
     /// Adds a committed message.
     pub fn push(&mut self, message: Message) {
         self.messages.push(message);

@@ -184,7 +184,7 @@ impl Summariser<'_> {
         ];
         let request = ModelRequest {
             model: self.model.to_owned(),
-            messages,
+            messages: messages.into(),
             tools: Vec::new(),
             tool_choice: ToolChoice::default(),
             max_output_tokens: Some(budget),

@@ -10,7 +10,7 @@ use crate::report::{Compare, Dist, Row, Target, ms};
 use crate::{BenchError, Result};
 
 /// Turns timed at each end of the session.
-const SAMPLES: usize = 10;
+const SAMPLES: usize = 25;
 
 /// Tokens of each answer of [`MODEL_LONG`].
 pub(super) const LONG_TOKENS: u32 = 40;
