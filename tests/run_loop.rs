@@ -117,6 +117,7 @@ async fn next_run_sends_the_session_history(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     fake.push(Reply::sse(&text_stream(&["Paris", " is the capital."])));
     fake.push(Reply::sse(&text_stream(&["About 2.1 million."])));
+    fake.push(Reply::sse(&text_stream(&["In 1801."])));
     let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
         return;
     };
@@ -140,14 +141,35 @@ async fn next_run_sends_the_session_history(backend: Backend) {
             {"role": "user", "content": "Its population?"},
         ])
     );
+    // A third run starts from what this process cached of the first two and what they stored
+    // since: the whole history, once, in order.
+    let third = server.start_run("Counted when?", Some(session)).await;
+    assert_eq!(server.finished_run(&third).await["status"], "completed");
+    assert_eq!(
+        fake.requests()[2].body["messages"],
+        json!([
+            {"role": "user", "content": "Capital of France?"},
+            {"role": "assistant", "content": "Paris is the capital."},
+            {"role": "user", "content": "Its population?"},
+            {"role": "assistant", "content": "About 2.1 million."},
+            {"role": "user", "content": "Counted when?"},
+        ])
+    );
     let runs = server
         .get_json(&format!("/runs?session_id={session}"))
         .await;
-    assert_eq!(runs["runs"].as_array().unwrap().len(), 2);
-    assert_eq!(runs["runs"][0]["id"], second.as_str(), "newest first");
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 3);
+    assert_eq!(runs["runs"][0]["id"], third.as_str(), "newest first");
     // Cursor pagination: one run per page.
     let page = server
         .get_json(&format!("/runs?session_id={session}&limit=1"))
+        .await;
+    assert_eq!(page["runs"][0]["id"], third.as_str());
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let page = server
+        .get_json(&format!(
+            "/runs?session_id={session}&limit=1&cursor={cursor}"
+        ))
         .await;
     assert_eq!(page["runs"][0]["id"], second.as_str());
     let cursor = page["next_cursor"].as_str().unwrap();

@@ -419,7 +419,7 @@ async fn iterate(
         // The request is compacted (pruned, summarised) first when it would not fit; any event
         // that writes comes after the run's opening events.
         let call = compaction::Call {
-            runtime: &runtime,
+            runtime,
             session_id: record.session_id,
             run_id: record.id,
             provider: &record.provider,
