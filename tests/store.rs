@@ -1208,7 +1208,86 @@ async fn context_after_a_known_message(backend: Backend) {
     db.cleanup().await;
 }
 
+/// An event at `sequence` of `run` opening iteration `iteration` with `usage` so far (a
+/// `model_started`: status, progress and the boundary's snapshot).
+fn boundary(run: &NewRun, sequence: u64, iteration: u32, usage: TokenUsage) -> EventWrite {
+    EventWrite {
+        run_id: run.id,
+        event: event(sequence, "model_started", false),
+        outcome: None,
+        change: RunChange {
+            status: Some(RunStatus::CallingModel),
+            progress: Some((iteration, usage)),
+            snapshot: Some(behest::store::SnapshotWrite {
+                session_id: run.session_id,
+                iteration,
+                total_usage: usage,
+                tool_calls: 0,
+            }),
+            ..RunChange::default()
+        },
+    }
+}
+
+/// One batch holding several runs' changes, interleaved, one run reaching two boundaries and
+/// another ending: each run's row and snapshot read as if its events were written one after
+/// another (the batch writes them a statement per table).
+async fn a_batch_of_runs_changes_reads_as_one_after_another(backend: Backend) {
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let runs: Vec<NewRun> = (0..3).map(|_| new_run(SessionId::new(), true)).collect();
+    for run in &runs {
+        store.create_run(run).await.unwrap();
+    }
+    let usage = |n: u64| TokenUsage {
+        input_tokens: n,
+        output_tokens: 1,
+        total_tokens: n + 1,
+        ..TokenUsage::default()
+    };
+    let (a, b, c) = (&runs[0], &runs[1], &runs[2]);
+    let mut ended = write(c.id, 3);
+    ended.event = event(3, "run_completed", true);
+    ended.outcome = Some(RunOutcome {
+        status: RunStatus::Completed,
+        finish_reason: Some(FinishReason::Stop),
+        error: None,
+    });
+    let batch = vec![
+        boundary(a, 1, 1, usage(10)),
+        boundary(b, 1, 1, usage(20)),
+        boundary(c, 1, 1, usage(30)),
+        // `a` again after others: its second boundary wins.
+        boundary(a, 2, 2, usage(40)),
+        write(b.id, 2),
+        // `c` reaches a boundary and ends in the same batch.
+        boundary(c, 2, 2, usage(50)),
+        ended,
+    ];
+    store.append_events(&batch).await.unwrap();
+    let row = async |run: &NewRun| {
+        let record = store.get_run(run.id).await.unwrap().unwrap();
+        let snapshot = store.get_snapshot(run.id).await.unwrap().unwrap();
+        (
+            record.status,
+            record.iterations,
+            record.total_usage.input_tokens,
+            snapshot.status,
+            snapshot.iteration,
+            snapshot.total_usage.input_tokens,
+            snapshot.last_sequence,
+        )
+    };
+    use RunStatus::{CallingModel, Completed};
+    assert_eq!(row(a).await, (CallingModel, 2, 40, CallingModel, 2, 40, 2));
+    assert_eq!(row(b).await, (CallingModel, 1, 20, CallingModel, 1, 20, 1));
+    assert_eq!(row(c).await, (Completed, 2, 50, Completed, 2, 50, 3));
+    db.cleanup().await;
+}
+
 on_both_backends!(
+    a_batch_of_runs_changes_reads_as_one_after_another,
     a_batch_of_starts_refuses_each_run_alone,
     context_after_a_known_message,
     compactions_context_settings_and_breaker,
