@@ -1231,7 +1231,7 @@ fn boundary(run: &NewRun, sequence: u64, iteration: u32, usage: TokenUsage) -> E
 
 /// One batch holding several runs' changes, interleaved, one run reaching two boundaries and
 /// another ending: each run's row and snapshot read as if its events were written one after
-/// another (the batch writes them a statement per table).
+/// another (the batch merges a run's consecutive changes into one write).
 async fn a_batch_of_runs_changes_reads_as_one_after_another(backend: Backend) {
     let Some((db, store)) = open(backend).await else {
         return;

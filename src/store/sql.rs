@@ -18,14 +18,6 @@ pub(super) const RUN_COLUMNS: &str = "id, session_id, status, provider, model, t
      tools, max_iterations, client_request_id, created_at, updated_at, reasoning_tokens, \
      usage_estimated, events_removed_at, agent, definition, required_action";
 
-/// A run's status and progress change in a batch of events: (run, new status, (iterations,
-/// total usage)); `None` leaves the column as it is.
-pub(super) type ProgressChange = (
-    crate::domain::RunId,
-    Option<crate::domain::RunStatus>,
-    Option<(u32, crate::domain::TokenUsage)>,
-);
-
 pub(super) const SNAPSHOT_COLUMNS: &str = "run_id, session_id, status, iteration, input_tokens, \
      output_tokens, total_tokens, reasoning_tokens, usage_estimated, tool_calls, last_sequence, \
      created_at";
@@ -633,26 +625,20 @@ macro_rules! impl_store {
                     insert.build().execute(&mut *tx).await?;
                 }
                 // A run's status and progress changes that follow one another in the batch are
-                // written as one change (e.g. a start's `run_started`, `context_built` and
-                // `model_started`): the later values win, as they would one after another. The
-                // batch's changes and snapshots are then written a statement per table (100
-                // starting runs: 2 statements, not 200), flushed before anything that must see
-                // them (a run's end, a pause) and before a run appears in them a second time.
-                let mut carried: Option<$crate::store::sql::ProgressChange> = None;
-                let mut progress_changes: Vec<$crate::store::sql::ProgressChange> = Vec::new();
-                let mut snapshots: Vec<(&$crate::store::EventWrite, &$crate::store::SnapshotWrite)> =
-                    Vec::new();
+                // written as one UPDATE (e.g. a start's `run_started`, `context_built` and
+                // `model_started`): the later values win, as they would one after another.
+                let mut carried: Option<(
+                    $crate::domain::RunId,
+                    Option<$crate::domain::RunStatus>,
+                    Option<(u32, $crate::domain::TokenUsage)>,
+                )> = None;
                 for (index, write) in events.iter().enumerate() {
                     let change = &write.change;
                     if let Some(message) = &change.message {
                         Self::insert_message(&mut tx, message).await?;
                     }
                     if let Some(snapshot) = &change.snapshot {
-                        if snapshots.iter().any(|(w, _)| w.run_id == write.run_id) {
-                            Self::upsert_snapshots(&mut tx, &snapshots).await?;
-                            snapshots.clear();
-                        }
-                        snapshots.push((write, snapshot));
+                        Self::upsert_snapshot(&mut tx, write, snapshot).await?;
                     }
                     if let Some(compaction) = &change.compaction {
                         Self::insert_compaction_row(&mut tx, compaction).await?;
@@ -681,12 +667,8 @@ macro_rules! impl_store {
                             status = status.or(earlier_status);
                             progress = progress.or(earlier_progress);
                         } else {
-                            Self::queue_progress(
-                                &mut tx,
-                                &mut progress_changes,
-                                (run_id, earlier_status, earlier_progress),
-                            )
-                            .await?;
+                            Self::update_run_progress(&mut tx, run_id, earlier_status, earlier_progress)
+                                .await?;
                         }
                     }
                     if status.is_some() || progress.is_some() {
@@ -702,19 +684,9 @@ macro_rules! impl_store {
                         if carry {
                             carried = Some((write.run_id, status, progress));
                         } else {
-                            Self::queue_progress(
-                                &mut tx,
-                                &mut progress_changes,
-                                (write.run_id, status, progress),
-                            )
-                            .await?;
+                            Self::update_run_progress(&mut tx, write.run_id, status, progress).await?;
                         }
                     }
-                    if change.required_action.is_none() && write.outcome.is_none() {
-                        continue;
-                    }
-                    Self::update_runs_progress(&mut tx, &progress_changes).await?;
-                    progress_changes.clear();
                     if let Some(action) = &change.required_action {
                         sqlx::query(
                             "UPDATE runs SET required_action = $2 WHERE id = $1 \
@@ -726,8 +698,6 @@ macro_rules! impl_store {
                         .await?;
                     }
                     let Some(outcome) = &write.outcome else { continue };
-                    Self::upsert_snapshots(&mut tx, &snapshots).await?;
-                    snapshots.clear();
                     sqlx::query(
                         "UPDATE runs SET status = $2, finish_reason = $3, error = $4, updated_at = $5, \
                          required_action = NULL WHERE id = $1",
@@ -754,11 +724,6 @@ macro_rules! impl_store {
                     .execute(&mut *tx)
                     .await?;
                 }
-                if let Some(change) = carried.take() {
-                    Self::queue_progress(&mut tx, &mut progress_changes, change).await?;
-                }
-                Self::update_runs_progress(&mut tx, &progress_changes).await?;
-                Self::upsert_snapshots(&mut tx, &snapshots).await?;
                 tx.commit().await?;
                 Ok(fenced)
             }
@@ -1666,65 +1631,39 @@ macro_rules! impl_explain_conflict {
                 Ok(created)
             }
 
-            /// Adds `change` to the batch's pending `changes`, writing those first when its run is
-            /// already among them (each run once per statement, in order).
-            async fn queue_progress(
+            /// A run's new status and progress (`None`: unchanged); a status other than
+            /// `requires_action` clears what the run waited for. A terminal run is left alone.
+            async fn update_run_progress(
                 connection: &mut <$db as sqlx::Database>::Connection,
-                changes: &mut Vec<$crate::store::sql::ProgressChange>,
-                change: $crate::store::sql::ProgressChange,
-            ) -> $crate::store::StoreResult<()> {
-                if changes.iter().any(|(run_id, _, _)| *run_id == change.0) {
-                    Self::update_runs_progress(connection, changes).await?;
-                    changes.clear();
-                }
-                changes.push(change);
-                Ok(())
-            }
-
-            /// Writes runs' status and progress changes (`None`: unchanged), in one statement per
-            /// 200; a finished run is left as it is; `changes` name each run once.
-            async fn update_runs_progress(
-                connection: &mut <$db as sqlx::Database>::Connection,
-                changes: &[$crate::store::sql::ProgressChange],
+                run_id: $crate::domain::RunId,
+                status: Option<$crate::domain::RunStatus>,
+                progress: Option<(u32, $crate::domain::TokenUsage)>,
             ) -> $crate::store::StoreResult<()> {
                 use $crate::store::sql::to_i64;
-                let now = chrono::Utc::now();
-                for chunk in changes.chunks(200) {
-                    let mut update = sqlx::QueryBuilder::<$db>::new(
-                        "WITH v (id, status, iterations, input_tokens, output_tokens, \
-                         total_tokens, reasoning_tokens, usage_estimated) AS (",
-                    );
-                    update.push_values(chunk, |mut row, (run_id, status, progress)| {
-                        let (iterations, usage) = progress.unzip();
-                        row.push_bind(run_id.0)
-                            .push_bind(status.map(|s| s.as_str()))
-                            .push_bind(iterations.map(i64::from))
-                            .push_bind(usage.map(|u| to_i64(u.input_tokens)))
-                            .push_bind(usage.map(|u| to_i64(u.output_tokens)))
-                            .push_bind(usage.map(|u| to_i64(u.total_tokens)))
-                            .push_bind(usage.map(|u| to_i64(u.reasoning_tokens)))
-                            .push_bind(usage.map(|u| u.estimated));
-                    });
-                    update
-                        .push(
-                            ") UPDATE runs SET status = COALESCE(v.status, runs.status), \
-                             required_action = CASE WHEN v.status IS NULL \
-                             OR v.status = 'requires_action' THEN runs.required_action ELSE NULL END, \
-                             iterations = COALESCE(v.iterations, runs.iterations), \
-                             input_tokens = COALESCE(v.input_tokens, runs.input_tokens), \
-                             output_tokens = COALESCE(v.output_tokens, runs.output_tokens), \
-                             total_tokens = COALESCE(v.total_tokens, runs.total_tokens), \
-                             reasoning_tokens = COALESCE(v.reasoning_tokens, runs.reasoning_tokens), \
-                             usage_estimated = COALESCE(v.usage_estimated, runs.usage_estimated), \
-                             updated_at = ",
-                        )
-                        .push_bind(now)
-                        .push(
-                            " FROM v WHERE runs.id = v.id \
-                             AND runs.status NOT IN ('completed', 'failed', 'cancelled')",
-                        );
-                    update.build().execute(&mut *connection).await?;
-                }
+                let (iterations, usage) = progress.unzip();
+                sqlx::query(
+                    "UPDATE runs SET status = COALESCE($2, status), \
+                     required_action = CASE WHEN $2 IS NULL OR $2 = 'requires_action' \
+                     THEN required_action ELSE NULL END, \
+                     iterations = COALESCE($3, iterations), \
+                     input_tokens = COALESCE($4, input_tokens), \
+                     output_tokens = COALESCE($5, output_tokens), \
+                     total_tokens = COALESCE($6, total_tokens), updated_at = $7, \
+                     reasoning_tokens = COALESCE($8, reasoning_tokens), \
+                     usage_estimated = COALESCE($9, usage_estimated) \
+                     WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')",
+                )
+                .bind(run_id.0)
+                .bind(status.map(|s| s.as_str()))
+                .bind(iterations.map(i64::from))
+                .bind(usage.map(|u| to_i64(u.input_tokens)))
+                .bind(usage.map(|u| to_i64(u.output_tokens)))
+                .bind(usage.map(|u| to_i64(u.total_tokens)))
+                .bind(chrono::Utc::now())
+                .bind(usage.map(|u| to_i64(u.reasoning_tokens)))
+                .bind(usage.map(|u| u.estimated))
+                .execute(connection)
+                .await?;
                 Ok(())
             }
 
@@ -1815,43 +1754,37 @@ macro_rules! impl_explain_conflict {
                 Ok(())
             }
 
-            /// Writes runs' snapshots at iteration boundaries (one row per run), in one statement
-            /// per 200; `snapshots` name each run once.
-            async fn upsert_snapshots(
+            /// Writes the run's snapshot at an iteration boundary (one row per run).
+            async fn upsert_snapshot(
                 connection: &mut <$db as sqlx::Database>::Connection,
-                snapshots: &[(&$crate::store::EventWrite, &$crate::store::SnapshotWrite)],
+                write: &$crate::store::EventWrite,
+                snapshot: &$crate::store::SnapshotWrite,
             ) -> $crate::store::StoreResult<()> {
                 use $crate::store::sql::{SNAPSHOT_COLUMNS, to_i64};
-                let now = chrono::Utc::now();
-                for chunk in snapshots.chunks(200) {
-                    let mut upsert = sqlx::QueryBuilder::<$db>::new(format!(
-                        "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) "
-                    ));
-                    upsert.push_values(chunk, |mut row, (write, snapshot)| {
-                        let usage = snapshot.total_usage;
-                        row.push_bind(write.run_id.0)
-                            .push_bind(snapshot.session_id.0)
-                            .push("'calling_model'")
-                            .push_bind(i64::from(snapshot.iteration))
-                            .push_bind(to_i64(usage.input_tokens))
-                            .push_bind(to_i64(usage.output_tokens))
-                            .push_bind(to_i64(usage.total_tokens))
-                            .push_bind(to_i64(usage.reasoning_tokens))
-                            .push_bind(usage.estimated)
-                            .push_bind(i64::from(snapshot.tool_calls))
-                            .push_bind(to_i64(write.event.sequence))
-                            .push_bind(now);
-                    });
-                    upsert.push(
-                        " ON CONFLICT (run_id) DO UPDATE SET status = excluded.status, \
-                         iteration = excluded.iteration, input_tokens = excluded.input_tokens, \
-                         output_tokens = excluded.output_tokens, total_tokens = excluded.total_tokens, \
-                         reasoning_tokens = excluded.reasoning_tokens, \
-                         usage_estimated = excluded.usage_estimated, tool_calls = excluded.tool_calls, \
-                         last_sequence = excluded.last_sequence, created_at = excluded.created_at",
-                    );
-                    upsert.build().execute(&mut *connection).await?;
-                }
+                let usage = snapshot.total_usage;
+                sqlx::query(&format!(
+                    "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) \
+                     VALUES ($1, $2, 'calling_model', $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                     ON CONFLICT (run_id) DO UPDATE SET status = excluded.status, \
+                     iteration = excluded.iteration, input_tokens = excluded.input_tokens, \
+                     output_tokens = excluded.output_tokens, total_tokens = excluded.total_tokens, \
+                     reasoning_tokens = excluded.reasoning_tokens, \
+                     usage_estimated = excluded.usage_estimated, tool_calls = excluded.tool_calls, \
+                     last_sequence = excluded.last_sequence, created_at = excluded.created_at"
+                ))
+                .bind(write.run_id.0)
+                .bind(snapshot.session_id.0)
+                .bind(i64::from(snapshot.iteration))
+                .bind(to_i64(usage.input_tokens))
+                .bind(to_i64(usage.output_tokens))
+                .bind(to_i64(usage.total_tokens))
+                .bind(to_i64(usage.reasoning_tokens))
+                .bind(usage.estimated)
+                .bind(i64::from(snapshot.tool_calls))
+                .bind(to_i64(write.event.sequence))
+                .bind(chrono::Utc::now())
+                .execute(connection)
+                .await?;
                 Ok(())
             }
 
