@@ -160,26 +160,30 @@ async fn next_run_sends_the_session_history(backend: Backend) {
         .await;
     assert_eq!(runs["runs"].as_array().unwrap().len(), 3);
     assert_eq!(runs["runs"][0]["id"], third.as_str(), "newest first");
-    // Cursor pagination: one run per page.
-    let page = server
-        .get_json(&format!("/runs?session_id={session}&limit=1"))
-        .await;
-    assert_eq!(page["runs"][0]["id"], third.as_str());
-    let cursor = page["next_cursor"].as_str().unwrap();
-    let page = server
-        .get_json(&format!(
-            "/runs?session_id={session}&limit=1&cursor={cursor}"
-        ))
-        .await;
-    assert_eq!(page["runs"][0]["id"], second.as_str());
-    let cursor = page["next_cursor"].as_str().unwrap();
-    let last = server
-        .get_json(&format!(
-            "/runs?session_id={session}&limit=1&cursor={cursor}"
-        ))
-        .await;
-    assert_eq!(last["runs"][0]["id"], first["run_id"]);
-    assert_eq!(last["next_cursor"], Value::Null);
+    // Cursor pagination: one run per page, newest first, the last page without a cursor.
+    let mut paged = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let query = cursor.map_or_else(String::new, |c| format!("&cursor={c}"));
+        let page = server
+            .get_json(&format!("/runs?session_id={session}&limit=1{query}"))
+            .await;
+        assert_eq!(page["runs"].as_array().unwrap().len(), 1, "{page}");
+        paged.push(page["runs"][0]["id"].as_str().unwrap().to_owned());
+        match &page["next_cursor"] {
+            Value::Null => break,
+            next => cursor = Some(next.as_str().unwrap().to_owned()),
+        }
+        assert!(paged.len() < 3, "a cursor after the last run: {page}");
+    }
+    assert_eq!(
+        paged,
+        vec![
+            third.clone(),
+            second.clone(),
+            first["run_id"].as_str().unwrap().to_owned()
+        ]
+    );
     let sessions = server.get_json("/sessions?limit=1").await;
     assert_eq!(sessions["sessions"][0]["id"], session);
     assert_eq!(sessions["next_cursor"], Value::Null);

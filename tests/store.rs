@@ -604,24 +604,14 @@ async fn snapshots_follow_boundaries_and_retention_removes_them(backend: Backend
         total_tokens: 15,
         ..TokenUsage::default()
     };
-    let boundary = |iteration: u32, sequence: u64| EventWrite {
-        run_id: run.id,
-        event: event(sequence, "model_started", false),
-        outcome: None,
-        change: RunChange {
-            status: Some(RunStatus::CallingModel),
-            progress: Some((iteration, usage)),
-            snapshot: Some(behest::store::SnapshotWrite {
-                session_id: session,
-                iteration,
-                total_usage: usage,
-                tool_calls: iteration - 1,
-            }),
-            ..RunChange::default()
-        },
-    };
-    store.append_events(&[boundary(1, 1)]).await.unwrap();
-    store.append_events(&[boundary(2, 2)]).await.unwrap();
+    store
+        .append_events(&[boundary(&run, 1, 1, usage)])
+        .await
+        .unwrap();
+    store
+        .append_events(&[boundary(&run, 2, 2, usage)])
+        .await
+        .unwrap();
     let snapshot = store.get_snapshot(run.id).await.unwrap().unwrap();
     assert_eq!(snapshot.status, RunStatus::CallingModel);
     assert_eq!(snapshot.iteration, 2);
@@ -1209,7 +1199,8 @@ async fn context_after_a_known_message(backend: Backend) {
 }
 
 /// An event at `sequence` of `run` opening iteration `iteration` with `usage` so far (a
-/// `model_started`: status, progress and the boundary's snapshot).
+/// `model_started`: status, progress and the boundary's snapshot, one tool call per earlier
+/// iteration).
 fn boundary(run: &NewRun, sequence: u64, iteration: u32, usage: TokenUsage) -> EventWrite {
     EventWrite {
         run_id: run.id,
@@ -1222,7 +1213,7 @@ fn boundary(run: &NewRun, sequence: u64, iteration: u32, usage: TokenUsage) -> E
                 session_id: run.session_id,
                 iteration,
                 total_usage: usage,
-                tool_calls: 0,
+                tool_calls: iteration - 1,
             }),
             ..RunChange::default()
         },

@@ -310,19 +310,27 @@ impl Ctx {
         Ok((sent_at, SseReader::new(response)))
     }
 
-    /// `POST /runs/stream`: the run's id and its event stream.
-    async fn stream_run(&self, model: &str, tag: &str) -> Result<(Instant, String, SseReader)> {
+    /// `POST /runs/stream` of `body`: when the request was sent, and the 200 response.
+    async fn post_stream(&self, body: &serde_json::Value) -> Result<(Instant, reqwest::Response)> {
         let sent_at = Instant::now();
         let response = self
             .keyed(self.client.post(self.url("/runs/stream")))
-            .json(&json!({"provider": "fake", "model": model, "input": tag}))
+            .json(body)
             .send()
             .await?;
         if response.status() != reqwest::StatusCode::OK {
             let status = response.status();
-            let body = response.text().await.unwrap_or_default();
-            bail!("POST /runs/stream answered {status}: {body}");
+            let text = response.text().await.unwrap_or_default();
+            bail!("POST /runs/stream answered {status}: {text}");
         }
+        Ok((sent_at, response))
+    }
+
+    /// `POST /runs/stream`: the run's id and its event stream.
+    async fn stream_run(&self, model: &str, tag: &str) -> Result<(Instant, String, SseReader)> {
+        let (sent_at, response) = self
+            .post_stream(&json!({"provider": "fake", "model": model, "input": tag}))
+            .await?;
         let run_id = response
             .headers()
             .get("x-run-id")
@@ -344,17 +352,7 @@ impl Ctx {
         if let Some(session) = session {
             body["session_id"] = json!(session);
         }
-        let sent_at = Instant::now();
-        let response = self
-            .keyed(self.client.post(self.url("/runs/stream")))
-            .json(&body)
-            .send()
-            .await?;
-        if response.status() != reqwest::StatusCode::OK {
-            let status = response.status();
-            let text = response.text().await.unwrap_or_default();
-            bail!("POST /runs/stream answered {status}: {text}");
-        }
+        let (sent_at, response) = self.post_stream(&body).await?;
         Ok((sent_at, SseReader::new(response)))
     }
 
