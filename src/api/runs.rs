@@ -307,6 +307,7 @@ pub async fn get_run_output(
         total_usage: record.total_usage,
         messages,
         error: record.error,
+        error_class: record.error_class,
     }))
 }
 

@@ -8,7 +8,7 @@ use super::agent::{
     DoomLoopSettings, ModelParameters, RequiredAction, RunDefinition, RunTool, SessionDefaults,
     check_tools,
 };
-use super::{Message, RunId, SessionId};
+use super::{ErrorClass, Message, RunId, SessionId};
 
 /// Where a run is in its life (`common.proto` `RunStatus`). The last three are terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -258,6 +258,10 @@ pub struct RunRecord {
     pub total_usage: TokenUsage,
     /// What ended the run, when it failed.
     pub error: Option<String>,
+    /// Why the run failed, when it failed: the `error_class` of its `run_failed` event (the
+    /// class of the model provider failure, or `doom_loop`, `limit_exceeded`, `interrupted`,
+    /// `internal`, `action_expired`); null otherwise.
+    pub error_class: Option<ErrorClass>,
     /// The run's tools: server tools by name and the tools it defined for the client to
     /// execute; absent: every configured server tool.
     pub tools: Option<Vec<RunTool>>,
@@ -324,6 +328,80 @@ pub struct RunOutput {
     pub messages: Vec<Message>,
     /// What ended the run, when it failed.
     pub error: Option<String>,
+    /// Why the run failed, when it failed: the `error_class` of its `run_failed` event; null
+    /// otherwise.
+    pub error_class: Option<ErrorClass>,
+}
+
+/// How a run ended: what its terminal event says and its record keeps (`status`,
+/// `finish_reason`, `error`, `error_class`), written in one transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The model stopped (`run_completed`).
+    Completed {
+        /// Why it stopped.
+        finish_reason: FinishReason,
+    },
+    /// An error ended the run (`run_failed`).
+    Failed {
+        /// Its class.
+        class: ErrorClass,
+        /// What went wrong, readable by a person.
+        error: String,
+    },
+    /// A client cancelled the run, or its `requires_action` wait expired with
+    /// `action_expiry = "cancel"` (`run_cancelled`).
+    Cancelled,
+}
+
+impl RunEnd {
+    /// A failure of `class` with the `error` text.
+    #[must_use]
+    pub fn failed(class: ErrorClass, error: impl Into<String>) -> Self {
+        Self::Failed {
+            class,
+            error: error.into(),
+        }
+    }
+
+    /// `completed`, `failed` or `cancelled`.
+    #[must_use]
+    pub fn status(&self) -> RunStatus {
+        match self {
+            Self::Completed { .. } => RunStatus::Completed,
+            Self::Failed { .. } => RunStatus::Failed,
+            Self::Cancelled => RunStatus::Cancelled,
+        }
+    }
+
+    /// The run's finish reason: the model's for a completed run, `error` for a failed one,
+    /// `unknown` for a cancelled one.
+    #[must_use]
+    pub fn finish_reason(&self) -> FinishReason {
+        match self {
+            Self::Completed { finish_reason } => *finish_reason,
+            Self::Failed { .. } => FinishReason::Error,
+            Self::Cancelled => FinishReason::Unknown,
+        }
+    }
+
+    /// The error of a failed run.
+    #[must_use]
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Self::Failed { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// The class of a failed run's error.
+    #[must_use]
+    pub fn error_class(&self) -> Option<ErrorClass> {
+        match self {
+            Self::Failed { class, .. } => Some(*class),
+            _ => None,
+        }
+    }
 }
 
 /// Most bytes `metadata` may take, serialized as compact JSON (16 KiB); more is 422

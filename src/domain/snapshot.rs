@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{RunId, RunStatus, SessionId, TokenUsage};
+use super::{ErrorClass, RunId, RunStatus, SessionId, TokenUsage};
 
 /// A run's state at its last iteration boundary (proto `SnapshotInfo`, plus where it stands in
 /// the event log and how many tool calls it has made).
@@ -29,6 +29,8 @@ pub struct Snapshot {
     pub total_usage: TokenUsage,
     /// Tool calls the run had made up to this boundary.
     pub tool_calls: u32,
+    /// Why the run failed, once it ended failed (its `error_class`); null otherwise.
+    pub error_class: Option<ErrorClass>,
     /// The `sequence` of the event whose transaction wrote the snapshot (`model_started`, or the
     /// terminal event).
     pub last_sequence: u64,

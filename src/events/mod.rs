@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::{
-    CompactionId, CompactionTrigger, ErrorClass, FinishReason, MessageId, RequiredAction, RunId,
-    SessionId, TokenUsage, ToolCall,
+    CompactionId, CompactionTrigger, ErrorClass, FinishReason, MessageId, RequiredAction, RunEnd,
+    RunId, SessionId, TokenUsage, ToolCall,
 };
 
 pub use feed::{EventFeed, EventFrame, FeedSubscription, LoggedEvent};
@@ -133,6 +133,39 @@ impl EventPayload {
             self,
             Self::RunCompleted(_) | Self::RunFailed(_) | Self::RunCancelled(_)
         )
+    }
+
+    /// The terminal event of a run that ends `end` after `iterations` model calls.
+    #[must_use]
+    pub fn terminal(end: &RunEnd, iterations: u32) -> Self {
+        match end {
+            RunEnd::Completed { finish_reason } => Self::RunCompleted(RunCompleted {
+                finish_reason: *finish_reason,
+                iterations,
+            }),
+            RunEnd::Failed { class, error } => Self::RunFailed(RunFailed {
+                error: error.clone(),
+                error_class: Some(*class),
+            }),
+            RunEnd::Cancelled => Self::RunCancelled(RunCancelled {}),
+        }
+    }
+
+    /// How the run ended, for a terminal event (a `run_failed` an older version wrote without
+    /// a class is `internal`); `None` for the others.
+    #[must_use]
+    pub fn run_end(&self) -> Option<RunEnd> {
+        match self {
+            Self::RunCompleted(completed) => Some(RunEnd::Completed {
+                finish_reason: completed.finish_reason,
+            }),
+            Self::RunFailed(failed) => Some(RunEnd::Failed {
+                class: failed.error_class.unwrap_or(ErrorClass::Internal),
+                error: failed.error.clone(),
+            }),
+            Self::RunCancelled(_) => Some(RunEnd::Cancelled),
+            _ => None,
+        }
     }
 }
 

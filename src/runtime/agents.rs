@@ -560,10 +560,6 @@ pub(super) enum WaitError {
     Expired(String),
 }
 
-/// The result text of a call whose wait expired.
-pub(super) const EXPIRED: &str =
-    "expired: the run's wait for this call's answer passed its deadline";
-
 /// What a run waiting for its client needs from the loop.
 pub(super) struct Wait<'a> {
     pub runtime: &'a Arc<Runtime>,

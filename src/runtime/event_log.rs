@@ -1,16 +1,17 @@
 //! The event log: persist, then publish. One writer task group-commits whatever events are
-//! queued (up to `max_batch_events`) in one transaction, then publishes them to the live feed
-//! and acknowledges each emitter. Per-run emitters assign contiguous sequences under a lock, so
-//! the queue order is the sequence order.
+//! queued (up to `max_batch_events`) in one transaction, then folds them into their runs'
+//! trails, publishes them to the live feed and acknowledges each emitter. Per-run emitters
+//! assign contiguous sequences under a lock, so the queue order is the sequence order.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::Utc;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::domain::RunId;
+use super::trail::RunTrail;
+use crate::domain::{RunEnd, RunId};
 use crate::events::{AgentEvent, EventFeed, EventPayload, LoggedEvent};
-use crate::store::{EventWrite, RunChange, RunOutcome, Store, StoreError};
+use crate::store::{EventWrite, RunChange, Store, StoreError};
 use crate::telemetry;
 
 /// Why an event could not be logged.
@@ -36,6 +37,9 @@ pub enum LogError {
 /// Events of one emit: written in one transaction (never split across batches).
 struct Pending {
     writes: Vec<EventWrite>,
+    /// The same events typed, folded into the run's trail once durable (nothing is parsed).
+    events: Vec<AgentEvent>,
+    trail: Option<Arc<Mutex<RunTrail>>>,
     done: oneshot::Sender<Result<(), LogError>>,
 }
 
@@ -85,6 +89,8 @@ impl EventLog {
         self.queue
             .send(Pending {
                 writes: Vec::new(),
+                events: Vec::new(),
+                trail: None,
                 done,
             })
             .map_err(|_| LogError::WriterGone)?;
@@ -97,17 +103,21 @@ impl EventLog {
         &self.feed
     }
 
-    /// An emitter for a run whose log holds `last_sequence` events so far.
+    /// An emitter for a run whose log folds into `trail` so far (a new run's is empty); the
+    /// emitter keeps it current with every event it writes.
     #[must_use]
-    pub fn emitter(&self, run_id: RunId, last_sequence: u64, trace: TraceContext) -> RunEmitter {
+    pub fn emitter(&self, run_id: RunId, trail: RunTrail, trace: TraceContext) -> RunEmitter {
+        let last_sequence = trail.last_sequence();
         RunEmitter {
             run_id,
             trace,
             log: self.clone(),
             state: Mutex::new(EmitterState {
                 next_sequence: last_sequence + 1,
-                closed: false,
+                closed: trail.end().is_some(),
             }),
+            first_sequence: last_sequence + 1,
+            trail: Arc::new(Mutex::new(trail)),
             span: Mutex::new(None),
         }
     }
@@ -125,7 +135,12 @@ async fn write_loop(
         let mut writes = Vec::with_capacity(batch.len());
         let mut acks = Vec::with_capacity(batch.len());
         for pending in batch.drain(..) {
-            acks.push((pending.writes.len(), pending.done));
+            acks.push((
+                pending.writes.len(),
+                pending.events,
+                pending.trail,
+                pending.done,
+            ));
             writes.extend(pending.writes);
         }
         let started = std::time::Instant::now();
@@ -134,7 +149,7 @@ async fn write_loop(
             telemetry::metrics::event_batch(writes.len(), started.elapsed());
         }
         let mut written = writes.into_iter();
-        for (count, done) in acks {
+        for (count, events, trail, done) in acks {
             let ack = match &result {
                 Ok(fenced) => {
                     let mut ack = Ok(());
@@ -145,12 +160,28 @@ async fn write_loop(
                             feed.publish(write.run_id, &write.event);
                         }
                     }
+                    if ack.is_ok()
+                        && let Some(trail) = trail
+                    {
+                        record(&trail, &events);
+                    }
                     ack
                 }
                 Err(error) => Err(LogError::Store(error.to_string())),
             };
             // An emitter that stopped waiting (cancelled run) does not need the ack.
             let _ = done.send(ack);
+        }
+    }
+}
+
+/// Folds durable events into their run's trail. An event the trail rejects is a bug of the
+/// runtime (it wrote a log no run can have); it is logged, and the run goes on.
+fn record(trail: &Mutex<RunTrail>, events: &[AgentEvent]) {
+    let mut trail = trail.lock().unwrap_or_else(PoisonError::into_inner);
+    for event in events {
+        if let Err(error) = trail.record(event) {
+            tracing::error!(run_id = %event.run_id, %error, "the run's log does not fold (a bug)");
         }
     }
 }
@@ -204,6 +235,11 @@ pub struct RunEmitter {
     trace: TraceContext,
     log: EventLog,
     state: Mutex<EmitterState>,
+    /// The sequence of the first event this emitter writes.
+    first_sequence: u64,
+    /// The run's trail, current with every event written (by the log's writer, before it
+    /// acknowledges them).
+    trail: Arc<Mutex<RunTrail>>,
     /// The run's span in this process, ended with the terminal event (or when dropped).
     span: Mutex<Option<telemetry::trace::Span>>,
 }
@@ -220,6 +256,31 @@ impl RunEmitter {
     #[must_use]
     pub fn trace(&self) -> &TraceContext {
         &self.trace
+    }
+
+    /// The run's trail as of every event acknowledged so far (a copy).
+    #[must_use]
+    pub fn trail(&self) -> RunTrail {
+        self.trail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The sequence of the first event this emitter writes: events before it were written by
+    /// an earlier process (or emitter) of the run.
+    #[must_use]
+    pub fn first_sequence(&self) -> u64 {
+        self.first_sequence
+    }
+
+    /// Waits until every event enqueued so far (by any emitter) is durable and folded into
+    /// its trail, or its batch failed.
+    ///
+    /// # Errors
+    /// [`LogError::WriterGone`] when the writer stopped; the store's error of that batch.
+    pub async fn flush(&self) -> Result<(), LogError> {
+        self.log.flush().await
     }
 
     /// Gives the emitter the run's span, ended with the terminal event.
@@ -261,39 +322,34 @@ impl RunEmitter {
         self.settle(first, last, ack).await
     }
 
-    /// Logs the terminal event with the run's final state (one transaction) and closes the
-    /// log; a second call gets [`LogError::Closed`].
+    /// Logs the run's terminal event, built from `end` and the trail's iterations, with the
+    /// run's final state (one transaction), and closes the log; a second call gets
+    /// [`LogError::Closed`]. Called once every other event of the run is durable (the trail
+    /// then holds its last model call).
     ///
     /// # Errors
     /// [`LogError`] when already closed or the write failed.
-    pub async fn finish(
-        &self,
-        payload: EventPayload,
-        outcome: RunOutcome,
-    ) -> Result<u64, LogError> {
-        let status = outcome.status.as_str();
-        let finish_reason = outcome.finish_reason;
-        let error_type = match &payload {
-            EventPayload::RunFailed(failed) => Some((
-                failed.error_class.map_or("error", |class| class.as_str()),
-                failed.error.clone(),
-            )),
-            _ => None,
-        };
-        let (first, last, ack) =
-            self.enqueue(vec![(payload, Some(outcome), RunChange::default())])?;
+    pub async fn finish(&self, end: RunEnd) -> Result<u64, LogError> {
+        let payload = EventPayload::terminal(&end, self.trail().iterations());
+        let status = end.status().as_str();
+        let error_class = end.error_class().map(|class| class.as_str());
+        let finish_reason = end.finish_reason();
+        let error = end.error().map(str::to_owned);
+        let (first, last, ack) = self.enqueue(vec![(payload, Some(end), RunChange::default())])?;
         let result = self.settle(first, last, ack).await;
         if result.is_ok() {
             self.log.feed.close(self.run_id);
-            telemetry::metrics::run_finished(status);
+            telemetry::metrics::run_finished(status, error_class);
             let span = self
                 .span
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
             if let Some(span) = span {
-                let error = error_type.as_ref().map(|(t, m)| (*t, m.as_str()));
-                telemetry::spans::end_run(span, status, finish_reason, error);
+                let error = error
+                    .as_deref()
+                    .map(|message| (error_class.unwrap_or("error"), message));
+                telemetry::spans::end_run(span, status, Some(finish_reason), error);
             }
         }
         result
@@ -325,7 +381,7 @@ impl RunEmitter {
     #[expect(clippy::type_complexity, reason = "a private helper's tuple")]
     fn enqueue(
         &self,
-        events: Vec<(EventPayload, Option<RunOutcome>, RunChange)>,
+        events: Vec<(EventPayload, Option<RunEnd>, RunChange)>,
     ) -> Result<(u64, u64, oneshot::Receiver<Result<(), LogError>>), LogError> {
         let (done, ack) = oneshot::channel();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -338,6 +394,7 @@ impl RunEmitter {
         let span_id = telemetry::trace::current_span_id()
             .map_or_else(|| self.trace.span_id.clone(), |id| id.to_string());
         let mut writes = Vec::with_capacity(events.len());
+        let mut typed = Vec::with_capacity(events.len());
         let mut closed = false;
         for (offset, (payload, outcome, change)) in (0..).zip(events) {
             if closed {
@@ -368,6 +425,7 @@ impl RunEmitter {
                 outcome,
                 change,
             });
+            typed.push(event);
         }
         let Some(last) = writes.last().map(|w| w.event.sequence) else {
             return Err(LogError::Serialize("no events to log".to_owned()));
@@ -375,7 +433,12 @@ impl RunEmitter {
         // Sent under the lock: queue order is sequence order.
         self.log
             .queue
-            .send(Pending { writes, done })
+            .send(Pending {
+                writes,
+                events: typed,
+                trail: Some(self.trail.clone()),
+                done,
+            })
             .map_err(|_| LogError::WriterGone)?;
         state.next_sequence = last + 1;
         state.closed = closed;

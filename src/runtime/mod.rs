@@ -6,14 +6,17 @@ mod admission;
 mod agents;
 pub mod compaction;
 mod doom_loop;
+mod end;
 mod event_log;
 mod model_turn;
 mod recovery;
+mod resume;
 mod retention;
 mod run_loop;
 mod sessions;
 pub mod tokens;
 mod tool_exec;
+pub mod trail;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,9 +30,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{AgentPreset, ModelConfig, ProviderConfig, RuntimeConfig};
 use crate::domain::{
-    CompactionConfig, CreateRunRequest, MessageId, RunId, RunRecord, RunStatus, SessionId,
+    CompactionConfig, CreateRunRequest, MessageId, RunEnd, RunId, RunRecord, RunStatus, SessionId,
 };
-use crate::events::{EventFeed, EventFrame, EventPayload};
+use crate::events::{EventFeed, EventFrame};
 use crate::provider::Provider;
 use crate::store::{NewRun, Store, StoreError};
 use crate::tools::ToolRegistry;
@@ -38,6 +41,7 @@ pub use agents::{Answer, AnswerError};
 pub use compaction::{CompactError, SettingsError};
 pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
+pub use trail::{RunTrail, TrailError};
 
 /// A configured provider: its adapter and its models.
 #[derive(Debug, Clone)]
@@ -379,7 +383,7 @@ impl Runtime {
                         runtime.contexts.created(record.session_id, input);
                     }
                     crate::telemetry::metrics::run_created();
-                    runtime.start(record.clone(), model, trace, 0);
+                    runtime.start(record.clone(), model, trace, trail::RunTrail::new());
                 }
                 Err(_) => {
                     runtime.active().remove(&run_id);
@@ -427,15 +431,16 @@ impl Runtime {
         })
     }
 
-    /// Executes the run in a task of this process: from its start when its log is empty
-    /// (`last_sequence` 0), else resumed after the last logged event.
+    /// Executes the run in a task of this process: from its start when its log is empty, else
+    /// resumed after the last event of its `trail`.
     fn start(
         self: &Arc<Self>,
         record: RunRecord,
         model: ModelConfig,
         trace: TraceContext,
-        last_sequence: u64,
+        trail: trail::RunTrail,
     ) {
+        let resumed = trail.last_sequence() > 0;
         let run_id = record.id;
         let (cancel, abandon, answered) = {
             let mut active = self.active();
@@ -447,12 +452,8 @@ impl Runtime {
             )
         };
         self.log.feed().open(run_id);
-        let span = self.run_span(&record, trace.clone(), last_sequence > 0);
-        let emitter = Arc::new(
-            self.log
-                .emitter(run_id, last_sequence, trace)
-                .with_span(span),
-        );
+        let span = self.run_span(&record, trace.clone(), resumed);
+        let emitter = Arc::new(self.log.emitter(run_id, trail, trace).with_span(span));
         let runtime = self.clone();
         let tokens = run_loop::Tokens {
             cancel,
@@ -461,7 +462,7 @@ impl Runtime {
         };
         crate::telemetry::metrics::runs_active(1.0);
         self.tasks.spawn(async move {
-            run_loop::supervise(&runtime, record, model, emitter, tokens, last_sequence > 0).await;
+            run_loop::supervise(&runtime, record, model, emitter, tokens, resumed).await;
             runtime.active().remove(&run_id);
             crate::telemetry::metrics::runs_active(-1.0);
         });
@@ -523,14 +524,10 @@ impl Runtime {
                     .claim_run(run_id, &self.lease(), store_now_ms())
                     .await?;
                 if claimed.is_some() {
-                    let ended = self
-                        .end_orphan(
-                            &record,
-                            EventPayload::RunCancelled(Default::default()),
-                            RunStatus::Cancelled,
-                            None,
-                        )
-                        .await;
+                    let ended = match trail::RunTrail::load(self.store.as_ref(), run_id).await {
+                        Ok(trail) => self.end_orphan(&record, trail, RunEnd::Cancelled).await,
+                        Err(error) => Err(error),
+                    };
                     if let Err(error) = ended {
                         let now = self.store.get_run(run_id).await?;
                         if !now.is_some_and(|run| run.status.is_terminal()) {

@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use futures::StreamExt;
 
-use super::tool_exec::{logged_events, new_message, text_field};
+use super::tool_exec::new_message;
+use super::trail::RunTrail;
 use super::{ProviderEntry, RunEmitter};
 use crate::domain::{
     ContentPart, FinishReason, MessageStatus, Reasoning, Role, RunRecord, TokenUsage, ToolCall,
@@ -16,7 +17,7 @@ use crate::events::{
     ToolCallCompleted, ToolCallDelta, ToolCallStarted,
 };
 use crate::provider::{ModelEvent, ModelRequest, ModelStream, ProviderError};
-use crate::store::{RunChange, Store, StoreError};
+use crate::store::RunChange;
 use crate::telemetry;
 
 use super::event_log::LogError;
@@ -320,50 +321,56 @@ pub(super) async fn read_model_stream(
     Ok(turn)
 }
 
+/// For a run whose model call was cut off (cancel, crash, shutdown): emits a
+/// `tool_call_completed` for every call its trail shows started and not completed, with the
+/// argument text streamed so far as `invalid_arguments` (`arguments` `{}`), so that every
+/// started call is completed. Such a call belongs to no committed message: it is never executed
+/// or replayed.
+///
+/// # Errors
+/// The event log's.
+pub(super) async fn complete_open_calls(
+    emitter: &RunEmitter,
+    trail: &RunTrail,
+) -> Result<(), LogError> {
+    for open in trail.open_calls() {
+        let call = ToolCall {
+            id: open.id.clone(),
+            name: open.tool_name.clone(),
+            arguments: serde_json::json!({}),
+            invalid_arguments: Some(open.arguments.clone()),
+        };
+        emitter
+            .emit(EventPayload::ToolCallCompleted(ToolCallCompleted { call }))
+            .await?;
+    }
+    Ok(())
+}
+
 /// For a run that ends early (cancelled, failed, or failed at the next start after a crash):
 /// when its last model call was cut off before its assistant message was committed, stores the
-/// text it streamed (read from the log) as an assistant message with status `incomplete`, so
-/// the session's history says what the user saw and the next turn has that context. Nothing is
+/// text it streamed (from the trail) as an assistant message with status `incomplete`, so the
+/// session's history says what the user saw and the next turn has that context. Nothing is
 /// kept of a call a resumed run abandoned (followed by `run_resumed`): that call was made
 /// again. The message carries no tool calls (those of a cut-off stream are never executed) and
 /// is only written when the text has a non-whitespace character (providers refuse blank text).
 ///
 /// # Errors
-/// The store's or the event log's.
+/// The event log's.
 pub(super) async fn keep_cut_off_text(
-    store: &dyn Store,
     emitter: &RunEmitter,
     record: &RunRecord,
-) -> Result<(), StoreError> {
-    let types = [
-        "model_started",
-        "text_delta",
-        "assistant_message_committed",
-        "run_resumed",
-    ];
-    let mut text = String::new();
-    let mut open = false;
-    for (event_type, data) in logged_events(store, record.id, &types).await? {
-        match event_type.as_str() {
-            "model_started" => {
-                open = true;
-                text.clear();
-            }
-            "text_delta" if open => text.push_str(&text_field(&data, "delta")),
-            "text_delta" => {}
-            _ => {
-                open = false;
-                text.clear();
-            }
-        }
-    }
-    if !open || text.trim().is_empty() {
+    trail: &RunTrail,
+) -> Result<(), LogError> {
+    let Some(text) = trail.cut_off_text().filter(|text| !text.trim().is_empty()) else {
         return Ok(());
-    }
+    };
     let mut message = new_message(
         record,
         Role::Assistant,
-        vec![ContentPart::Text { text }],
+        vec![ContentPart::Text {
+            text: text.to_owned(),
+        }],
         Vec::new(),
     );
     message.status = MessageStatus::Incomplete;
@@ -379,7 +386,6 @@ pub(super) async fn keep_cut_off_text(
         )
         .await
         .map(|_| ())
-        .map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 #[cfg(test)]
@@ -429,7 +435,7 @@ mod tests {
             16,
             Arc::from("test"),
         );
-        let emitter = log.emitter(run_id, 0, TraceContext::default());
+        let emitter = log.emitter(run_id, RunTrail::new(), TraceContext::default());
         (store, emitter, run_id)
     }
 
@@ -496,18 +502,28 @@ mod tests {
             .collect();
         assert_eq!(ids, vec![("c2", Some("{{")), ("c1", Some("{\"a\":"))]);
         let logged = store.read_events(run_id, 0, 100).await.unwrap();
-        let kinds: Vec<&str> = logged.iter().map(|e| e.event_type.as_str()).collect();
-        assert_eq!(
-            kinds,
-            vec![
-                "model_retrying",
-                "reasoning_delta",
-                "text_delta",
-                "tool_call_started",
-                "tool_call_delta",
-                "tool_call_completed",
-                "tool_call_completed",
-            ]
+        let payloads: Vec<EventPayload> = logged
+            .iter()
+            .map(|e| {
+                serde_json::from_str::<crate::events::AgentEvent>(&e.data)
+                    .unwrap()
+                    .payload
+            })
+            .collect();
+        assert!(
+            matches!(
+                payloads.as_slice(),
+                [
+                    EventPayload::ModelRetrying(_),
+                    EventPayload::ReasoningDelta(_),
+                    EventPayload::TextDelta(_),
+                    EventPayload::ToolCallStarted(_),
+                    EventPayload::ToolCallDelta(_),
+                    EventPayload::ToolCallCompleted(_),
+                    EventPayload::ToolCallCompleted(_),
+                ]
+            ),
+            "{payloads:?}"
         );
         let retry: serde_json::Value = serde_json::from_str(&logged[0].data).unwrap();
         assert_eq!(

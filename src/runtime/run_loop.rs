@@ -1,33 +1,31 @@
 //! The run loop: model → tool calls → results → model, until the model stops. A supervisor
-//! owns the loop's task and writes exactly one terminal event whatever happens to it (error,
-//! panic, cancellation, shutdown).
+//! owns the loop's task and ends the run exactly once whatever happens to it (error, panic,
+//! cancellation), through the close-out of `end.rs`; a shutdown or a takeover by another
+//! process stops it without an end (it stays resumable).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::agents::{self, Decision, RunAgent, WaitError};
 use super::compaction::{self, Conversation, Window};
-use super::model_turn::{self, ModelCall, ModelTurn, TurnError, keep_cut_off_text};
-use super::recovery::{self, Next, PendingCalls};
+use super::model_turn::{self, ModelCall, ModelTurn, TurnError};
+use super::resume::{self, Next, PendingCalls};
 use super::tokens::Reply;
-use super::tool_exec::{
-    self, Execution, InFlight, answer_open_calls, commit_tool_message, skip_calls,
-};
-use super::{DoomLoopDetector, LogError, ProviderEntry, RunEmitter, Runtime};
+use super::tool_exec::{self, Execution, commit_tool_message, skip_calls};
+use super::{DoomLoopDetector, LogError, ProviderEntry, RunEmitter, Runtime, end};
 use crate::config::{ActionExpiry, ModelConfig};
 use crate::domain::{
-    ContentPart, ErrorClass, FinishReason, MessageId, Role, RunRecord, RunStatus, TokenUsage,
-    ToolCall, ToolChoice, ToolChoiceMode,
+    ContentPart, ErrorClass, FinishReason, MessageId, Role, RunEnd, RunRecord, RunStatus,
+    TokenUsage, ToolCall, ToolChoice, ToolChoiceMode,
 };
 use crate::events::{
     ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelRetrying, ModelStarted,
-    RunCancelled, RunCompleted, RunFailed, RunResumed, RunStarted, UsageRecorded,
+    RunResumed, RunStarted, UsageRecorded,
 };
 use crate::provider::{ProviderError, ToolSpec};
-use crate::store::{RunChange, RunOutcome, SnapshotWrite, StoreError};
+use crate::store::{RunChange, SnapshotWrite, StoreError};
 
 /// Why the loop stopped early; each maps to the `error_class` of `run_failed`.
 #[derive(Debug, thiserror::Error)]
@@ -109,10 +107,9 @@ impl RunFailure {
     }
 }
 
-/// How the loop ended well.
+/// How the loop ended well (the iterations are the trail's).
 struct Completion {
     finish_reason: FinishReason,
-    iterations: u32,
 }
 
 struct RunContext {
@@ -121,7 +118,6 @@ struct RunContext {
     model: ModelConfig,
     emitter: Arc<RunEmitter>,
     cancel: CancellationToken,
-    in_flight: InFlight,
     agent: RunAgent,
     answered: Arc<tokio::sync::Notify>,
 }
@@ -138,9 +134,9 @@ pub(super) struct Tokens {
 }
 
 /// Runs the loop in its own task (from the start, or `resumed` after the last logged event)
-/// and writes the one terminal event. A run that ends early first finishes its open tool
-/// executions and answers its open tool calls. A run suspended by a shutdown, or taken over by
-/// another process, writes nothing more here: it is resumed by the next owner.
+/// and ends the run once through the close-out (`end.rs`), which finishes what the loop left
+/// open. A run suspended by a shutdown, or taken over by another process, writes nothing more
+/// here: it is resumed by the next owner.
 pub(super) async fn supervise(
     runtime: &Arc<Runtime>,
     record: RunRecord,
@@ -150,17 +146,14 @@ pub(super) async fn supervise(
     resumed: bool,
 ) {
     let run_id = record.id;
-    let record_for_cleanup = record.clone();
-    let in_flight = InFlight::default();
     let cancel = tokens.cancel;
     let context = RunContext {
         runtime: runtime.clone(),
         agent: RunAgent::of(runtime, &record),
-        record,
+        record: record.clone(),
         model,
         emitter: emitter.clone(),
         cancel: cancel.clone(),
-        in_flight: in_flight.clone(),
         answered: tokens.answered,
     };
     let mut body = tokio::spawn(execute(context, resumed));
@@ -189,7 +182,8 @@ pub(super) async fn supervise(
             }
         },
     };
-    match &ended {
+    let expiry = runtime.config().action_expiry;
+    let (end, reason) = match ended {
         Err(RunFailure::Suspended) => {
             tracing::info!(%run_id, "run suspended for the shutdown; the next start resumes it");
             runtime.log.feed().close(run_id);
@@ -200,104 +194,25 @@ pub(super) async fn supervise(
             runtime.log.feed().close(run_id);
             return;
         }
-        _ => {}
-    }
-    let expiry = runtime.config().action_expiry;
-    if ended.is_err() {
-        let reason = match &ended {
-            Err(RunFailure::Cancelled) => tool_exec::CANCELLED,
-            Err(RunFailure::Expired(_)) => agents::EXPIRED,
-            _ => "not executed: the run ended before this tool call finished",
-        };
-        // What the stopped body emitted in its last moment (e.g. the tool message of an answer
-        // that raced the cancel) is in the store before the cleanup reads what is still open.
-        if let Err(error) = runtime.log.flush().await {
-            tracing::warn!(%run_id, %error, "the events emitted before the end were not all written");
-        }
-        // The text of a model call the run ended in is kept, marked incomplete.
-        if let Err(error) =
-            keep_cut_off_text(runtime.store().as_ref(), &emitter, &record_for_cleanup).await
-        {
-            tracing::error!(%run_id, %error, "could not keep the cut-off text");
-        }
-        // Every started call is completed, even one cut off mid-stream.
-        if let Err(error) =
-            tool_exec::complete_logged_calls(runtime.store().as_ref(), &emitter, run_id).await
-        {
-            tracing::error!(%run_id, %error, "could not complete open tool calls");
-        }
-        // Each open execution's `tool_execution_finished` precedes its tool message.
-        if let Err(error) = in_flight.finish_all(&emitter, reason).await {
-            tracing::error!(%run_id, %error, "could not finish open tool executions");
-        }
-        if let Err(error) =
-            answer_open_calls(runtime.store(), &emitter, &record_for_cleanup, reason).await
-        {
-            tracing::error!(%run_id, %error, "could not answer open tool calls");
-        }
-    }
-    let (payload, outcome) = match ended {
         Ok(completion) => (
-            EventPayload::RunCompleted(RunCompleted {
+            RunEnd::Completed {
                 finish_reason: completion.finish_reason,
-                iterations: completion.iterations,
-            }),
-            RunOutcome {
-                status: RunStatus::Completed,
-                finish_reason: Some(completion.finish_reason),
-                error: None,
             },
+            tool_exec::NOT_EXECUTED,
         ),
-        Err(RunFailure::Expired(_)) if expiry == ActionExpiry::Cancel => (
-            EventPayload::RunCancelled(RunCancelled {}),
-            RunOutcome {
-                status: RunStatus::Cancelled,
-                finish_reason: Some(FinishReason::Unknown),
-                error: None,
-            },
-        ),
-        Err(RunFailure::Cancelled) => (
-            EventPayload::RunCancelled(RunCancelled {}),
-            RunOutcome {
-                status: RunStatus::Cancelled,
-                finish_reason: Some(FinishReason::Unknown),
-                error: None,
-            },
-        ),
+        Err(RunFailure::Cancelled) => (RunEnd::Cancelled, tool_exec::CANCELLED),
+        Err(RunFailure::Expired(_)) if expiry == ActionExpiry::Cancel => {
+            (RunEnd::Cancelled, tool_exec::EXPIRED)
+        }
         Err(failure) => {
-            let error = failure.to_string();
-            let error_class = failure.class();
-            tracing::warn!(%run_id, %error, error_class = error_class.as_str(), "run failed");
-            (
-                EventPayload::RunFailed(RunFailed {
-                    error: error.clone(),
-                    error_class: Some(error_class),
-                }),
-                RunOutcome {
-                    status: RunStatus::Failed,
-                    finish_reason: Some(FinishReason::Error),
-                    error: Some(error),
-                },
-            )
+            let end = RunEnd::failed(failure.class(), failure.to_string());
+            let error_class = failure.class().as_str();
+            tracing::warn!(%run_id, error = %failure, error_class, "run failed");
+            let reason = end::open_call_reason(&end);
+            (end, reason)
         }
     };
-    finish(&emitter, payload, outcome).await;
-}
-
-/// Writes the terminal event, retrying while the store is unavailable; if it never succeeds,
-/// startup recovery ends the run.
-async fn finish(emitter: &RunEmitter, payload: EventPayload, outcome: RunOutcome) {
-    let mut delay = Duration::from_millis(100);
-    for attempt in 1..=6 {
-        match emitter.finish(payload.clone(), outcome.clone()).await {
-            Ok(_) | Err(LogError::Closed | LogError::Fenced) => return,
-            Err(error) => {
-                tracing::error!(run_id = %emitter.run_id(), %error, attempt, "terminal event write failed");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-        }
-    }
+    end::close_out_retrying(runtime.store(), &emitter, &record, end, reason).await;
 }
 
 /// The tool choice of the run's `iteration`th model call: a forcing choice (`required`, a named
@@ -492,7 +407,6 @@ async fn iterate(
         if turn.is_empty() {
             return Ok(Completion {
                 finish_reason: turn.finish_reason,
-                iterations: iteration,
             });
         }
         let content = if turn.text.is_empty() {
@@ -524,7 +438,6 @@ async fn iterate(
         if turn.tool_calls.is_empty() {
             return Ok(Completion {
                 finish_reason: turn.finish_reason,
-                iterations: iteration,
             });
         }
         run_tools(context, progress, message_id, &turn.tool_calls, None).await?;
@@ -625,7 +538,15 @@ enum Resumed {
 async fn resume(context: &RunContext, progress: &mut Progress) -> Result<Resumed, RunFailure> {
     let record = &context.record;
     let store = context.runtime.store().clone();
-    let plan = recovery::plan(store.as_ref(), record, progress.context.messages()).await?;
+    // The trail the run was taken over with: its log, read once.
+    let trail = context.emitter.trail();
+    let assistant_messages = store.run_messages(record.id, Role::Assistant).await?;
+    let plan = resume::plan(
+        &trail,
+        record,
+        assistant_messages,
+        progress.context.messages(),
+    );
     let next_iteration = match &plan.next {
         Next::ModelCall(iteration) => *iteration,
         Next::Tools(_) => plan.iteration.saturating_add(1),
@@ -635,7 +556,7 @@ async fn resume(context: &RunContext, progress: &mut Progress) -> Result<Resumed
         // Calls the cut-off stream had begun are completed (as invalid: their argument text so
         // far), so every `tool_call_started` has its `tool_call_completed`; they belong to the
         // abandoned call, before `run_resumed`, and are never executed.
-        tool_exec::complete_logged_calls(store.as_ref(), &context.emitter, record.id).await?;
+        model_turn::complete_open_calls(&context.emitter, &trail).await?;
     }
     context
         .emitter
@@ -660,10 +581,7 @@ async fn resume(context: &RunContext, progress: &mut Progress) -> Result<Resumed
     }
     match plan.next {
         Next::ModelCall(iteration) => Ok(Resumed::At(iteration)),
-        Next::Complete(finish_reason) => Ok(Resumed::Done(Completion {
-            finish_reason,
-            iterations: plan.iteration,
-        })),
+        Next::Complete(finish_reason) => Ok(Resumed::Done(Completion { finish_reason })),
         Next::Tools(pending) => {
             let (message_id, turn_calls) = plan
                 .assistant_messages
@@ -693,7 +611,6 @@ async fn run_tools(
         runtime,
         record,
         emitter,
-        in_flight,
         ..
     } = context;
     let config = runtime.config();
@@ -774,7 +691,7 @@ async fn run_tools(
                     }
                 }
             };
-            tool_exec::execute_tool(runtime, emitter, in_flight, record, call, config, execution)
+            tool_exec::execute_tool(runtime, emitter, record, call, config, execution)
         })
         .buffered(config.tool_concurrency.max(1));
     futures::pin_mut!(executions);

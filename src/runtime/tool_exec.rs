@@ -3,11 +3,11 @@
 //! cancelled, shut down or interrupted mid-call), and every tool call of the session gets
 //! exactly one tool message, so the session's next request is one providers accept.
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
+use super::trail::RunTrail;
 use super::{RunEmitter, Runtime};
 use crate::config::RuntimeConfig;
 use crate::domain::{ContentPart, Message, MessageId, Role, RunRecord, RunStatus, ToolCall};
@@ -15,7 +15,7 @@ use crate::events::{
     EventPayload, MessageCommitted, ToolExecutionFinished, ToolExecutionResult,
     ToolExecutionStarted, ToolFailure, ToolSuccess,
 };
-use crate::store::{RunChange, Store, StoreError};
+use crate::store::RunChange;
 use crate::telemetry;
 use crate::tools::ToolError;
 
@@ -27,55 +27,14 @@ pub(super) const INTERRUPTED: &str =
 /// The result text of a call that was open when the run was cancelled.
 pub(super) const CANCELLED: &str =
     "cancelled: the run was cancelled before this tool call finished";
+/// The result text of a call whose `requires_action` wait expired.
+pub(super) const EXPIRED: &str =
+    "expired: the run's wait for this call's answer passed its deadline";
+/// The result text of a call left open by a run that failed.
+pub(super) const NOT_EXECUTED: &str = "not executed: the run ended before this tool call finished";
 
 /// Bytes of invalid argument text quoted back to the model.
 const ARGUMENT_EXCERPT_BYTES: usize = 200;
-
-/// Executions that emitted `tool_execution_started` and not yet `tool_execution_finished`,
-/// shared with the supervisor, which finishes them when it aborts the run.
-#[derive(Debug, Clone, Default)]
-pub(super) struct InFlight(Arc<Mutex<Vec<(String, String, Instant)>>>);
-
-impl InFlight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, String, Instant)>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn add(&self, call: &ToolCall) {
-        self.lock()
-            .push((call.id.clone(), call.name.clone(), Instant::now()));
-    }
-
-    fn remove(&self, call_id: &str) {
-        let mut open = self.lock();
-        if let Some(position) = open.iter().position(|(id, _, _)| id == call_id) {
-            open.remove(position);
-        }
-    }
-
-    /// Emits `tool_execution_finished` with a `Failure` (`reason`) for every execution still
-    /// open, and forgets them.
-    pub(super) async fn finish_all(
-        &self,
-        emitter: &RunEmitter,
-        reason: &str,
-    ) -> Result<(), LogError> {
-        let open = std::mem::take(&mut *self.lock());
-        for (call_id, tool_name, started) in open {
-            emitter
-                .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
-                    call_id,
-                    tool_name,
-                    result: ToolExecutionResult::Failure(ToolFailure {
-                        error: reason.to_owned(),
-                    }),
-                    duration_ms: millis(started),
-                }))
-                .await?;
-        }
-        Ok(())
-    }
-}
 
 fn millis(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -107,7 +66,6 @@ pub(super) enum Execution {
 pub(super) async fn execute_tool(
     runtime: &Runtime,
     emitter: &RunEmitter,
-    in_flight: &InFlight,
     record: &RunRecord,
     call: ToolCall,
     config: &RuntimeConfig,
@@ -126,9 +84,7 @@ pub(super) async fn execute_tool(
     };
     let started = Instant::now();
     let executed = span
-        .scope(run_tool(
-            runtime, emitter, in_flight, record, call, config, execution,
-        ))
+        .scope(run_tool(runtime, emitter, record, call, config, execution))
         .await;
     if let Ok((_, _, failure)) = &executed {
         telemetry::metrics::tool_execution(&tool, failure.is_none(), started.elapsed());
@@ -147,7 +103,6 @@ type ToolFailureInfo = Option<(&'static str, String)>;
 async fn run_tool(
     runtime: &Runtime,
     emitter: &RunEmitter,
-    in_flight: &InFlight,
     record: &RunRecord,
     call: ToolCall,
     config: &RuntimeConfig,
@@ -197,8 +152,8 @@ async fn run_tool(
         }
         Execution::Run | Execution::Rerun => {}
     }
-    // Registered in the same poll that queues the event: an abort cannot fall in between.
-    in_flight.add(&call);
+    // Once durable, the start is in the run's trail: a run that ends before the execution
+    // finishes finishes it there.
     if matches!(execution, Execution::Run) {
         emitter
             .emit_with(
@@ -262,7 +217,6 @@ async fn run_tool(
         }
     };
     let content = tool_content(&result);
-    in_flight.remove(&call.id);
     emitter
         .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
             call_id: call.id.clone(),
@@ -373,141 +327,50 @@ pub(super) async fn skip_calls(
     Ok(())
 }
 
-/// The run's logged events of the given `types`, in order, with their data parsed.
-pub(super) async fn logged_events(
-    store: &dyn Store,
-    run_id: crate::domain::RunId,
-    types: &[&str],
-) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
-    let mut found = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = store.read_events(run_id, after, 500).await?;
-        let Some(last) = page.last() else { break };
-        after = last.sequence;
-        for event in page
-            .iter()
-            .filter(|e| types.contains(&e.event_type.as_str()))
-        {
-            let data: serde_json::Value = serde_json::from_str(&event.data)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            found.push((event.event_type.clone(), data));
-        }
-    }
-    Ok(found)
-}
-
-pub(super) fn text_field(data: &serde_json::Value, key: &str) -> String {
-    data[key].as_str().unwrap_or_default().to_owned()
-}
-
-/// For a run whose task is gone (crash, orphan): reads its log and emits a
-/// `tool_execution_finished` with a `Failure` (`reason`) for every `tool_execution_started`
-/// that has none.
+/// For a run that ends: emits a `tool_execution_finished` with a `Failure` (`reason`) for
+/// every execution its trail shows started and not finished. Its duration is the time since
+/// its start when this emitter started it, 0 when an earlier process did (unknown).
 ///
 /// # Errors
-/// The store's or the event log's.
-pub(super) async fn finish_logged_executions(
-    store: &dyn Store,
+/// The event log's.
+pub(super) async fn finish_open_executions(
     emitter: &RunEmitter,
-    run_id: crate::domain::RunId,
+    trail: &RunTrail,
     reason: &str,
-) -> Result<(), StoreError> {
-    let mut open: Vec<(String, String)> = Vec::new();
-    let types = ["tool_execution_started", "tool_execution_finished"];
-    for (event_type, data) in logged_events(store, run_id, &types).await? {
-        let call_id = text_field(&data, "call_id");
-        if event_type == "tool_execution_started" {
-            open.push((call_id, text_field(&data, "tool_name")));
-        } else if let Some(position) = open.iter().position(|(id, _)| *id == call_id) {
-            open.remove(position);
-        }
-    }
-    for (call_id, tool_name) in open {
+) -> Result<(), LogError> {
+    for execution in trail.open_executions() {
+        let duration_ms = match execution.started {
+            Some((sequence, at)) if sequence >= emitter.first_sequence() => {
+                u64::try_from((Utc::now() - at).num_milliseconds()).unwrap_or(0)
+            }
+            _ => 0,
+        };
         emitter
             .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
-                call_id,
-                tool_name,
+                call_id: execution.call_id.clone(),
+                tool_name: execution.tool_name.clone(),
                 result: ToolExecutionResult::Failure(ToolFailure {
                     error: reason.to_owned(),
                 }),
-                duration_ms: 0,
+                duration_ms,
             }))
-            .await
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    }
-    Ok(())
-}
-
-/// For a run whose model call was cut off (cancel, crash, shutdown): reads its log and emits a
-/// `tool_call_completed` for every `tool_call_started` that has none, with the argument text
-/// streamed so far as `invalid_arguments` (`arguments` `{}`), so that every started call is
-/// completed. Such a call belongs to no committed message: it is never executed or replayed.
-///
-/// # Errors
-/// The store's or the event log's.
-pub(super) async fn complete_logged_calls(
-    store: &dyn Store,
-    emitter: &RunEmitter,
-    run_id: crate::domain::RunId,
-) -> Result<(), StoreError> {
-    // (call id, tool name, argument text so far)
-    let mut open: Vec<(String, String, String)> = Vec::new();
-    let types = [
-        "tool_call_started",
-        "tool_call_delta",
-        "tool_call_completed",
-    ];
-    for (event_type, data) in logged_events(store, run_id, &types).await? {
-        let (call_id, call) = match event_type.as_str() {
-            "tool_call_completed" => (text_field(&data["call"], "id"), None),
-            _ => (text_field(&data, "call_id"), Some(&data)),
-        };
-        let position = open.iter().position(|(id, _, _)| *id == call_id);
-        match (event_type.as_str(), position, call) {
-            ("tool_call_started", _, Some(data)) => {
-                open.push((call_id, text_field(data, "tool_name"), String::new()));
-            }
-            ("tool_call_delta", Some(at), Some(data)) => {
-                open[at]
-                    .2
-                    .push_str(data["delta"].as_str().unwrap_or_default());
-            }
-            ("tool_call_completed", Some(at), _) => {
-                open.remove(at);
-            }
-            _ => {}
-        }
-    }
-    for (id, name, text) in open {
-        let call = ToolCall {
-            id,
-            name,
-            arguments: serde_json::json!({}),
-            invalid_arguments: Some(text),
-        };
-        emitter
-            .emit(EventPayload::ToolCallCompleted(
-                crate::events::ToolCallCompleted { call },
-            ))
-            .await
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            .await?;
     }
     Ok(())
 }
 
 /// After a run ended early (cancelled, failed, interrupted by a crash): answers every tool call
-/// of the run that has no tool message yet, so the session's next run sends a valid history.
+/// of the run that has no tool message in `messages` (its session's), so the session's next
+/// run sends a valid history.
 ///
 /// # Errors
-/// The store's or the event log's.
+/// The event log's.
 pub(super) async fn answer_open_calls(
-    store: &Arc<dyn Store>,
     emitter: &RunEmitter,
     record: &RunRecord,
+    messages: &[Message],
     reason: &str,
-) -> Result<(), StoreError> {
-    let messages = store.session_messages(record.session_id).await?;
+) -> Result<(), LogError> {
     // In order: a result answers the open call with its id (ids may repeat once a compaction
     // took the older call out of the requests).
     let mut open: Vec<ToolCall> = Vec::new();
@@ -519,9 +382,7 @@ pub(super) async fn answer_open_calls(
             open.remove(position);
         }
     }
-    skip_calls(emitter, record, &open, reason)
-        .await
-        .map_err(|e| StoreError::Corrupt(e.to_string()))
+    skip_calls(emitter, record, &open, reason).await
 }
 
 /// A new message of the run.

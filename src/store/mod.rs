@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::{
     ActionAnswer, CircuitBreaker, Compaction, CompactionConfig, FinishReason, Message, MessageId,
-    RequiredAction, Role, RunDefinition, RunId, RunRecord, RunStatus, RunTool, Session,
+    RequiredAction, Role, RunDefinition, RunEnd, RunId, RunRecord, RunStatus, RunTool, Session,
     SessionDefaults, SessionId, Snapshot, TokenUsage, ToolChoice,
 };
 use crate::events::LoggedEvent;
@@ -218,8 +218,9 @@ pub struct EventWrite {
     pub run_id: RunId,
     /// The event, as it will be replayed.
     pub event: Arc<LoggedEvent>,
-    /// For the terminal event: the run's final state, written in the same transaction.
-    pub outcome: Option<RunOutcome>,
+    /// For the terminal event: how the run ended (its status, finish reason, error and error
+    /// class), written in the same transaction.
+    pub outcome: Option<RunEnd>,
     /// What else the event's transaction writes (status, progress, a message).
     pub change: RunChange,
 }
@@ -343,17 +344,6 @@ pub struct BreakerFailure {
     pub breaker: CircuitBreaker,
     /// True when this failure opened it (it was closed before).
     pub opened: bool,
-}
-
-/// The final state of a run, written with its terminal event.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunOutcome {
-    /// `completed`, `failed` or `cancelled`.
-    pub status: RunStatus,
-    /// Why the model stopped, for a completed run.
-    pub finish_reason: Option<FinishReason>,
-    /// The error, for a failed run.
-    pub error: Option<String>,
 }
 
 /// The persistence the runtime and the API need.

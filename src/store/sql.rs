@@ -7,20 +7,26 @@ use uuid::Uuid;
 
 use super::{StoreError, StoreResult};
 use crate::domain::{
-    CircuitBreaker, Compaction, CompactionConfig, CompactionId, CompactionTrigger, FinishReason,
-    Message, MessageId, MessageStatus, Role, RunDefinition, RunId, RunRecord, RunStatus, Session,
-    SessionId, Snapshot, TokenUsage,
+    CircuitBreaker, Compaction, CompactionConfig, CompactionId, CompactionTrigger, ErrorClass,
+    FinishReason, Message, MessageId, MessageStatus, Role, RunDefinition, RunId, RunRecord,
+    RunStatus, Session, SessionId, Snapshot, TokenUsage,
 };
 use crate::events::{LoggedEvent, StoredEnvelope, StoredEvent};
 
 pub(super) const RUN_COLUMNS: &str = "id, session_id, status, provider, model, tool_choice, \
      metadata, iterations, finish_reason, input_tokens, output_tokens, total_tokens, error, \
      tools, max_iterations, client_request_id, created_at, updated_at, reasoning_tokens, \
-     usage_estimated, events_removed_at, agent, definition, required_action";
+     usage_estimated, events_removed_at, agent, definition, required_action, error_class";
 
 pub(super) const SNAPSHOT_COLUMNS: &str = "run_id, session_id, status, iteration, input_tokens, \
      output_tokens, total_tokens, reasoning_tokens, usage_estimated, tool_calls, last_sequence, \
      created_at";
+
+/// What a snapshot read selects: its columns written at each boundary, and the run's error class
+/// written with the terminal event.
+pub(super) const SNAPSHOT_READ_COLUMNS: &str = "run_id, session_id, status, iteration, \
+     input_tokens, output_tokens, total_tokens, reasoning_tokens, usage_estimated, tool_calls, \
+     last_sequence, created_at, error_class";
 
 pub(super) const MESSAGE_COLUMNS: &str = "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at, \
      reasoning, status";
@@ -183,6 +189,7 @@ pub(super) struct RunRow {
     agent: Option<String>,
     definition: String,
     required_action: Option<String>,
+    error_class: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -199,6 +206,7 @@ pub(super) struct SnapshotRow {
     tool_calls: i64,
     last_sequence: i64,
     created_at: DateTime<Utc>,
+    error_class: Option<String>,
 }
 
 impl TryFrom<SnapshotRow> for Snapshot {
@@ -220,6 +228,7 @@ impl TryFrom<SnapshotRow> for Snapshot {
             tool_calls: u32::try_from(row.tool_calls).unwrap_or(u32::MAX),
             last_sequence: count(row.last_sequence),
             timestamp: row.created_at,
+            error_class: row.error_class.map(|c| error_class(&c)).transpose()?,
         })
     }
 }
@@ -246,6 +255,11 @@ fn json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> StoreResult<T
 
 pub(super) fn to_json<T: serde::Serialize>(value: &T) -> StoreResult<String> {
     serde_json::to_string(value).map_err(|e| corrupt("serialize", e))
+}
+
+fn error_class(text: &str) -> StoreResult<ErrorClass> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| corrupt("error_class", text))
 }
 
 fn count(value: i64) -> u64 {
@@ -306,6 +320,7 @@ impl TryFrom<RunRow> for RunRecord {
                 total_tokens: count(row.total_tokens),
             },
             error: row.error,
+            error_class: row.error_class.map(|c| error_class(&c)).transpose()?,
             tools: row.tools.map(|t| json("tools", &t)).transpose()?,
             max_iterations: u32::try_from(row.max_iterations).unwrap_or(u32::MAX),
             client_request_id: row.client_request_id,
@@ -698,29 +713,32 @@ macro_rules! impl_store {
                         .await?;
                     }
                     let Some(outcome) = &write.outcome else { continue };
+                    let error_class = outcome.error_class().map(|c| c.as_str());
                     sqlx::query(
                         "UPDATE runs SET status = $2, finish_reason = $3, error = $4, updated_at = $5, \
-                         required_action = NULL WHERE id = $1",
+                         required_action = NULL, error_class = $6 WHERE id = $1",
                     )
                     .bind(write.run_id.0)
-                    .bind(outcome.status.as_str())
-                    .bind(outcome.finish_reason.map(|r| r.as_str()))
-                    .bind(outcome.error.as_deref().map($crate::store::sql::text))
+                    .bind(outcome.status().as_str())
+                    .bind(outcome.finish_reason().as_str())
+                    .bind(outcome.error().map($crate::store::sql::text))
                     .bind(chrono::Utc::now())
+                    .bind(error_class)
                     .execute(&mut *tx)
                     .await?;
                     // The snapshot of a finished run shows how it ended.
                     sqlx::query(
                         "UPDATE snapshots SET status = $2, last_sequence = $3, created_at = $4, \
-                         (iteration, input_tokens, output_tokens, total_tokens, reasoning_tokens, \
-                         usage_estimated) = (SELECT iterations, input_tokens, output_tokens, \
-                         total_tokens, reasoning_tokens, usage_estimated FROM runs WHERE id = $1) \
-                         WHERE run_id = $1",
+                         error_class = $5, (iteration, input_tokens, output_tokens, total_tokens, \
+                         reasoning_tokens, usage_estimated) = (SELECT iterations, input_tokens, \
+                         output_tokens, total_tokens, reasoning_tokens, usage_estimated FROM runs \
+                         WHERE id = $1) WHERE run_id = $1",
                     )
                     .bind(write.run_id.0)
-                    .bind(outcome.status.as_str())
+                    .bind(outcome.status().as_str())
                     .bind(to_i64(write.event.sequence))
                     .bind(chrono::Utc::now())
+                    .bind(error_class)
                     .execute(&mut *tx)
                     .await?;
                 }
@@ -992,9 +1010,9 @@ macro_rules! impl_store {
                 &self,
                 run_id: $crate::domain::RunId,
             ) -> $crate::store::StoreResult<Option<$crate::domain::Snapshot>> {
-                use $crate::store::sql::SNAPSHOT_COLUMNS;
+                use $crate::store::sql::SNAPSHOT_READ_COLUMNS;
                 let row: Option<$crate::store::sql::SnapshotRow> = sqlx::query_as(&format!(
-                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE run_id = $1"
+                    "SELECT {SNAPSHOT_READ_COLUMNS} FROM snapshots WHERE run_id = $1"
                 ))
                 .bind(run_id.0)
                 .fetch_optional(&self.pool)
@@ -1006,9 +1024,9 @@ macro_rules! impl_store {
                 &self,
                 filter: &$crate::store::SnapshotFilter,
             ) -> $crate::store::StoreResult<Vec<$crate::domain::Snapshot>> {
-                use $crate::store::sql::SNAPSHOT_COLUMNS;
+                use $crate::store::sql::SNAPSHOT_READ_COLUMNS;
                 let mut query = sqlx::QueryBuilder::<$db>::new(format!(
-                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE 1 = 1"
+                    "SELECT {SNAPSHOT_READ_COLUMNS} FROM snapshots WHERE 1 = 1"
                 ));
                 if let Some(session_id) = filter.session_id {
                     query.push(" AND session_id = ").push_bind(session_id.0);

@@ -125,7 +125,10 @@ fn describe() {
         "Request arrival to response head, by method, route template and status"
     );
     describe_counter!(RUNS_CREATED, "Runs created");
-    describe_counter!(RUNS_FINISHED, "Runs ended, by terminal status");
+    describe_counter!(
+        RUNS_FINISHED,
+        "Runs ended, by terminal status (and error class, for failed runs)"
+    );
     describe_gauge!(RUNS_ACTIVE, "Runs executing in this process");
     describe_gauge!(SSE_WATCHERS, "Event streams (SSE watchers) open");
     describe_counter!(EVENTS_PERSISTED, "Events written to the store");
@@ -185,9 +188,16 @@ pub fn run_created() {
     ::metrics::counter!(RUNS_CREATED).increment(1);
 }
 
-/// A run's terminal event was written, with its `status`.
-pub fn run_finished(status: &'static str) {
-    ::metrics::counter!(RUNS_FINISHED, "status" => status).increment(1);
+/// A run's terminal event was written: it ended with `status`; a failed one is counted by its
+/// `error_class` too.
+pub fn run_finished(status: &'static str, error_class: Option<&'static str>) {
+    match error_class {
+        Some(class) => {
+            ::metrics::counter!(RUNS_FINISHED, "status" => status, "error_class" => class)
+                .increment(1);
+        }
+        None => ::metrics::counter!(RUNS_FINISHED, "status" => status).increment(1),
+    }
 }
 
 /// A run started (`+1`) or stopped (`-1`) executing in this process.

@@ -1,0 +1,98 @@
+//! How a run ends: one type, [`RunEnd`] (completed, failed with a class, cancelled), and one
+//! close-out path whoever ends the run — its own task when the loop returns (completed,
+//! failed, cancelled, its `requires_action` wait expired), a cancel of a run no process
+//! executes, the recovery of a run whose process died (`recovery = "fail"`, its model no longer
+//! configured, or a log that does not fold). A run stopped by a shutdown or taken over by
+//! another process is not ended: it stays resumable.
+//!
+//! The order, read from the run's trail once every event before is durable: (1) each tool call
+//! the cut-off model call started and did not complete is completed, its argument text so far
+//! as `invalid_arguments`; (2) the text that call streamed is kept as an incomplete assistant
+//! message; (3) each execution still open gets its `tool_execution_finished` (a `Failure`);
+//! (4) each tool call of the run without a tool message gets one; (5) the terminal event, with
+//! the run's status, finish reason, error and error class in its transaction. A completed run
+//! has nothing open: only (5).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::event_log::LogError;
+use super::{RunEmitter, model_turn, tool_exec};
+use crate::domain::{ErrorClass, RunEnd, RunRecord};
+use crate::store::{Store, StoreError};
+
+/// Why a close-out stopped before its terminal event was written.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum EndError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The result text of the calls a run that ends as `end` leaves open.
+pub(super) fn open_call_reason(end: &RunEnd) -> &'static str {
+    match end {
+        RunEnd::Cancelled => tool_exec::CANCELLED,
+        RunEnd::Failed {
+            class: ErrorClass::Interrupted,
+            ..
+        } => tool_exec::INTERRUPTED,
+        RunEnd::Failed {
+            class: ErrorClass::ActionExpired,
+            ..
+        } => tool_exec::EXPIRED,
+        RunEnd::Completed { .. } | RunEnd::Failed { .. } => tool_exec::NOT_EXECUTED,
+    }
+}
+
+/// Ends the run as `end` (see the module's documentation for the order); `reason` is the
+/// result text of the calls it leaves open. Returns the terminal event's sequence.
+///
+/// # Errors
+/// The event log's or the store's; nothing terminal was written then, and calling again goes
+/// on where this call stopped (the trail knows what was written).
+pub(super) async fn close_out(
+    store: &Arc<dyn Store>,
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    end: RunEnd,
+    reason: &str,
+) -> Result<u64, EndError> {
+    if !matches!(end, RunEnd::Completed { .. }) {
+        // What the stopped body emitted in its last moment (e.g. the tool message of an answer
+        // that raced a cancel) is durable, and in the trail, before what is open is read.
+        emitter.flush().await?;
+        let trail = emitter.trail();
+        model_turn::complete_open_calls(emitter, &trail).await?;
+        model_turn::keep_cut_off_text(emitter, record, &trail).await?;
+        // Each open execution's `tool_execution_finished` precedes its tool message.
+        tool_exec::finish_open_executions(emitter, &trail, reason).await?;
+        let messages = store.session_messages(record.session_id).await?;
+        tool_exec::answer_open_calls(emitter, record, &messages, reason).await?;
+    }
+    Ok(emitter.finish(end).await?)
+}
+
+/// [`close_out`] for a run this process executes, retried while the store is unavailable (if
+/// it never succeeds, the next owner's recovery ends the run). A log closed already or taken
+/// over by another process ends the attempts.
+pub(super) async fn close_out_retrying(
+    store: &Arc<dyn Store>,
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    end: RunEnd,
+    reason: &str,
+) {
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1..=6 {
+        match close_out(store, emitter, record, end.clone(), reason).await {
+            Ok(_) | Err(EndError::Log(LogError::Closed | LogError::Fenced)) => return,
+            Err(error) => {
+                tracing::error!(run_id = %record.id, %error, attempt, "the run's end could not be written");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+}
