@@ -705,3 +705,6 @@ impl RunTrail {
             .ok_or_else(|| "comes outside a committed turn".to_owned())
     }
 }
+
+#[cfg(test)]
+mod tests;
