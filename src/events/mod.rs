@@ -412,3 +412,51 @@ pub struct ContextCompacted {
     /// How long the summariser took, in ms.
     pub duration_ms: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// Event types are told apart by [`EventPayload`]'s variants: no source outside `events/`
+    /// names one by its `type` tag in quotes. Left out: `provider/`, whose wire formats have
+    /// tags of their own that coincide (Anthropic's `text_delta`), and `bin/`, whose
+    /// `behest-bench` is a client of the wire format (it reads SSE frames by their `event:`
+    /// names, as any client does).
+    #[test]
+    fn event_types_are_named_by_their_tags_only_in_events() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let skipped = ["events", "provider", "bin"].map(|dir| src.join(dir));
+        let tags: Vec<String> = super::variant_schemas()
+            .iter()
+            .map(|variant| format!("\"{}\"", variant.tag))
+            .collect();
+        let mut pending = vec![src];
+        let mut files: Vec<PathBuf> = Vec::new();
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() && !skipped.contains(&path) {
+                    pending.push(path);
+                } else if path.extension().is_some_and(|ext| ext == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+        assert!(files.len() > 50, "the sources were found: {files:?}");
+        let mut found = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            for (number, line) in text.lines().enumerate() {
+                if let Some(tag) = tags.iter().find(|tag| line.contains(tag.as_str())) {
+                    found.push(format!("{}:{}: {tag}", file.display(), number + 1));
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "event types matched by their tags outside src/events/ (match on EventPayload, or \
+             read the run's RunTrail):\n{}",
+            found.join("\n")
+        );
+    }
+}

@@ -584,7 +584,7 @@ fn impossible_sequences_are_rejected() {
     assert!(illegal(&streaming.rejects(model(1))).contains("not committed"));
     assert!(
         illegal(&streaming.rejects(EventPayload::CacheMetrics(Default::default())))
-            .contains("usage_recorded")
+            .contains("other than after")
     );
 
     let mut committed = Log::opened();
