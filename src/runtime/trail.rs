@@ -708,3 +708,6 @@ impl RunTrail {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod property;
