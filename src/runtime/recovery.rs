@@ -216,3 +216,139 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::domain::{MessageId, SessionId};
+    use crate::events::{
+        ContextBuilt, EventFeed, EventPayload, ModelStarted, RunStarted, TextDelta,
+    };
+    use crate::runtime::EventLog;
+    use crate::store::{NewRun, RunChange, Store, log_reads};
+    use crate::tools::ToolRegistry;
+
+    async fn server(dir: &tempfile::TempDir, recovery: &str) -> (Arc<dyn Store>, Arc<Runtime>) {
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = crate::store::connect(&url).await.unwrap();
+        let config = Config::from_toml(&format!(
+            "[providers.demo]\nkind = \"scripted\"\ntoken_delay_ms = 0\n\
+             [providers.demo.models.demo]\ncontext_window = 32768\nmax_output_tokens = 4096\n\
+             [runtime]\nrecovery = \"{recovery}\"\n"
+        ))
+        .unwrap();
+        let runtime =
+            crate::server::runtime(&config, store.clone(), Arc::new(ToolRegistry::default()))
+                .unwrap();
+        (store, runtime)
+    }
+
+    /// A run a dead process left in the middle of its first model call's text.
+    async fn left_mid_stream(store: &Arc<dyn Store>) -> RunId {
+        let run_id = RunId::new();
+        let session_id = SessionId::new();
+        store
+            .create_run(&NewRun {
+                id: run_id,
+                session_id,
+                create_session: true,
+                provider: "demo".to_owned(),
+                model: "demo".to_owned(),
+                tool_choice: crate::domain::ToolChoice::default(),
+                metadata: serde_json::json!({}),
+                input: "hi".to_owned(),
+                user_message_id: MessageId::new(),
+                tools: None,
+                agent: None,
+                definition: Default::default(),
+                session_defaults: None,
+                max_iterations: 5,
+                client_request_id: None,
+                request_hash: None,
+                created_at: Utc::now(),
+                lease: None,
+            })
+            .await
+            .unwrap();
+        let log = EventLog::start(
+            store.clone(),
+            Arc::new(EventFeed::new(8)),
+            8,
+            Arc::from("dead"),
+        );
+        let emitter = log.emitter(run_id, RunTrail::new(), TraceContext::for_run(run_id));
+        let events = [
+            EventPayload::RunStarted(RunStarted {
+                session_id,
+                provider: "demo".to_owned(),
+                model: "demo".to_owned(),
+            }),
+            EventPayload::ContextBuilt(ContextBuilt { message_count: 1 }),
+            EventPayload::ModelStarted(ModelStarted {
+                provider: "demo".to_owned(),
+                model: "demo".to_owned(),
+                iteration: 1,
+            }),
+            EventPayload::TextDelta(TextDelta {
+                delta: "Hel".to_owned(),
+            }),
+        ];
+        emitter
+            .emit_all(
+                events
+                    .into_iter()
+                    .map(|e| (e, RunChange::default()))
+                    .collect(),
+            )
+            .await
+            .unwrap();
+        run_id
+    }
+
+    async fn ended(store: &Arc<dyn Store>, run_id: RunId) -> RunRecord {
+        for _ in 0..400 {
+            let record = store.get_run(run_id).await.unwrap().unwrap();
+            if record.status.is_terminal() {
+                return record;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("run {run_id} did not end");
+    }
+
+    /// Recovery reads a taken-over run's log once, whether the run resumes, fails or is
+    /// cancelled (a read is one `read_events` call: a log under 1000 events is one page).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recovery_reads_a_run_s_log_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, runtime) = server(&dir, "resume").await;
+        let resumed = left_mid_stream(&store).await;
+        assert_eq!(log_reads::of(resumed), 0);
+        assert_eq!(runtime.recover().await.unwrap(), 1);
+        let record = ended(&store, resumed).await;
+        assert_eq!(record.status, RunStatus::Completed, "{record:?}");
+        assert_eq!(log_reads::of(resumed), 1, "the resumed run's log");
+
+        let dir = tempfile::tempdir().unwrap();
+        let (store, runtime) = server(&dir, "fail").await;
+        let failed = left_mid_stream(&store).await;
+        assert_eq!(runtime.recover().await.unwrap(), 1);
+        let record = ended(&store, failed).await;
+        assert_eq!(
+            (record.status, record.error_class),
+            (RunStatus::Failed, Some(ErrorClass::Interrupted))
+        );
+        assert_eq!(log_reads::of(failed), 1, "the failed run's log");
+
+        // A cancel of a run no process executes ends it the same way.
+        let cancelled = left_mid_stream(&store).await;
+        runtime.cancel_run(cancelled).await.unwrap().unwrap();
+        assert_eq!(ended(&store, cancelled).await.status, RunStatus::Cancelled);
+        assert_eq!(log_reads::of(cancelled), 1, "the cancelled run's log");
+    }
+}

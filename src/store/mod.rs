@@ -92,6 +92,36 @@ pub enum StoreError {
     RunActive(RunId),
 }
 
+/// Reads of each run's event log ([`Store::read_events`] calls), counted in the crate's unit
+/// tests (e.g. that recovery reads a run's log once).
+#[cfg(test)]
+pub(crate) mod log_reads {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, PoisonError};
+
+    use crate::domain::RunId;
+
+    static READS: Mutex<Option<HashMap<RunId, u32>>> = Mutex::new(None);
+
+    pub(crate) fn count(run_id: RunId) {
+        let mut reads = READS.lock().unwrap_or_else(PoisonError::into_inner);
+        *reads
+            .get_or_insert_with(HashMap::new)
+            .entry(run_id)
+            .or_default() += 1;
+    }
+
+    /// The run's log reads so far.
+    pub(crate) fn of(run_id: RunId) -> u32 {
+        let reads = READS.lock().unwrap_or_else(PoisonError::into_inner);
+        reads
+            .as_ref()
+            .and_then(|r| r.get(&run_id))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
 /// Shorthand for store results.
 pub type StoreResult<T> = Result<T, StoreError>;
 

@@ -753,6 +753,8 @@ macro_rules! impl_store {
                 limit: u32,
             ) -> $crate::store::StoreResult<Vec<$crate::events::LoggedEvent>> {
                 use $crate::store::sql::to_i64;
+                #[cfg(test)]
+                $crate::store::log_reads::count(run_id);
                 let rows: Vec<$crate::store::sql::EventRow> = sqlx::query_as(
                     "SELECT sequence, kind, emitted_at, span_id, trace_id, body FROM events \
                      WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
