@@ -16,4 +16,4 @@ cd "$(dirname "$0")/.."
 if [ -z "${BEHEST_TEST_POSTGRES_URL:-}" ]; then
   echo "crash-matrix: BEHEST_TEST_POSTGRES_URL is unset: SQLite only" >&2
 fi
-exec cargo test --test restart -- --nocapture --test-threads=1 "$@"
+exec cargo test --test it restart:: -- --skip agents_restart --nocapture --test-threads=1 "$@"

@@ -1,6 +1,6 @@
 // Drives the behest web console in the system's headless Chromium (playwright-core, no browser
 // download). Usage: node console.mjs <server url> <cutting proxy url> [screenshot.png]
-// tests/console.rs starts the server (demo model, no config) and the proxy, which cuts the
+// tests/it/console.rs starts the server (demo model, no config) and the proxy, which cuts the
 // first event stream it carries mid-run. Exits non-zero with a message on the first failure.
 import { chromium } from 'playwright-core';
 

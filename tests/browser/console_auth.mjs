@@ -1,6 +1,6 @@
 // Drives the behest web console with API keys on, in the system's headless Chromium
 // (playwright-core). Usage: node console_auth.mjs <server url> <api key>
-// tests/console.rs starts the server (demo model, `BEHEST_AUTH__KEYS` set). The page loads
+// tests/it/console.rs starts the server (demo model, `BEHEST_AUTH__KEYS` set). The page loads
 // without a key (it holds no data), says the API needs one, and works once it is entered:
 // requests carry `Authorization: Bearer`, the event stream `?access_token=`.
 import { chromium } from 'playwright-core';

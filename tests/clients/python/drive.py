@@ -1,5 +1,5 @@
 """Drives a running `behest serve` through the Python client that openapi-generator generates
-from openapi/openapi.json (run by tests/clients.rs with the generated package on PYTHONPATH).
+from openapi/openapi.json (run by tests/it/clients.rs with the generated package on PYTHONPATH).
 
 Usage: drive.py BASE_URL SPEC_PATH
 

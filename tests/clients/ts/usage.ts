@@ -1,5 +1,5 @@
 // Code a user writes against the TypeScript client that `@hey-api/openapi-ts` generates from
-// openapi/openapi.json. tests/clients.rs generates the client into `./generated` next to a copy
+// openapi/openapi.json. tests/it/clients.rs generates the client into `./generated` next to a copy
 // of this file and type-checks both with `tsc --strict --noEmit`: a change to the spec that breaks
 // this code (a variant renamed, a field dropped or retyped) fails the test.
 import { createClient } from './generated/client';

@@ -1,0 +1,11 @@
+//! Helpers shared by the integration tests.
+
+#[macro_use]
+pub mod db;
+pub mod demo;
+pub mod fake_anthropic;
+pub mod fake_openai;
+pub mod process;
+pub mod schema;
+pub mod server;
+pub mod validate;
