@@ -219,8 +219,6 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
-
     use std::time::Duration;
 
     use super::*;

@@ -221,6 +221,7 @@ async fn a_wait_survives_the_server(backend: Backend) {
     }
     println!("{backend:?}: SIGTERM with a waiting run drained in {drained:?}");
     drop(third);
+    db.assert_logs_fold().await;
     db.cleanup().await;
 }
 

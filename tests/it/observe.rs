@@ -287,6 +287,7 @@ async fn metrics_count_a_run_and_keys_stay_out_of_the_log() {
         log.contains("access_token=[redacted]"),
         "the watch's URI is logged, redacted:\n{log}"
     );
+    db.assert_logs_fold().await;
     db.cleanup().await;
 }
 
@@ -524,6 +525,7 @@ async fn spans_reach_an_otlp_collector_with_the_gen_ai_conventions() {
     }
     let everything = format!("{spans:?}");
     assert!(!everything.contains(KEY), "the key is in a span");
+    db.assert_logs_fold().await;
     db.cleanup().await;
 }
 
@@ -601,5 +603,6 @@ async fn an_mcp_child_gets_a_minimal_environment_not_the_provider_key() {
         .unwrap()
         .to_owned();
     assert_eq!(sent, format!("Bearer {secret}"));
+    db.assert_logs_fold().await;
     db.cleanup().await;
 }

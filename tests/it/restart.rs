@@ -366,6 +366,7 @@ impl Harness {
     }
 
     async fn cleanup(self) {
+        self.db.assert_logs_fold().await;
         self.db.cleanup().await;
     }
 }

@@ -17,7 +17,8 @@ use behest::domain::{
     ContentPart, Message, MessageId, Role, RunId, RunStatus, SessionId, ToolCall,
 };
 use behest::events::{
-    AgentEvent, EventPayload, LoggedEvent, MessageCommitted, ToolExecutionStarted,
+    AgentEvent, EventPayload, LoggedEvent, MessageCommitted, ModelStarted, ToolCallCompleted,
+    ToolCallStarted, ToolExecutionStarted, UsageRecorded,
 };
 use behest::store::{EventWrite, NewRun, RunChange, Store};
 use serde_json::{Value, json};
@@ -300,11 +301,37 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
             terminal: false,
         })
     };
-    let writes = vec![
+    // The model call that made the call, as the run loop logs it.
+    let call = assistant.tool_calls[0].clone();
+    let model_call = [
+        EventPayload::ModelStarted(ModelStarted {
+            provider: "fake".to_owned(),
+            model: "fake-model".to_owned(),
+            iteration: 1,
+        }),
+        EventPayload::ToolCallStarted(ToolCallStarted {
+            call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+        }),
+        EventPayload::ToolCallCompleted(ToolCallCompleted { call }),
+        EventPayload::UsageRecorded(UsageRecorded {
+            usage: Default::default(),
+        }),
+    ];
+    let mut writes: Vec<EventWrite> = (1..)
+        .zip(model_call)
+        .map(|(sequence, payload)| EventWrite {
+            run_id,
+            event: event(sequence, payload),
+            outcome: None,
+            change: RunChange::default(),
+        })
+        .collect();
+    writes.extend([
         EventWrite {
             run_id,
             event: event(
-                1,
+                5,
                 EventPayload::AssistantMessageCommitted(MessageCommitted {
                     message_id: assistant.id,
                 }),
@@ -319,7 +346,7 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
         EventWrite {
             run_id,
             event: event(
-                2,
+                6,
                 EventPayload::ToolExecutionStarted(ToolExecutionStarted {
                     call_id: call_id.clone(),
                     tool_name: "add".to_owned(),
@@ -331,7 +358,7 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
                 ..RunChange::default()
             },
         },
-    ];
+    ]);
     store.append_events(&writes).await.unwrap();
     (run_id, call_id)
 }
@@ -569,8 +596,10 @@ async fn a_session_survives_everything(backend: Backend, wire: Wire) {
     let server = TestServer::on_store(store, config, None).await;
     assert_eq!(server.runtime.recover().await.unwrap(), 1);
     let frames = server.events(&crashed.to_string(), None).await;
+    // After the model call that made the call.
+    let frames = &frames[4..];
     assert_eq!(
-        kinds(&frames),
+        kinds(frames),
         vec![
             "assistant_message_committed",
             "tool_execution_started",

@@ -5,11 +5,11 @@ use crate::support;
 use std::sync::Arc;
 
 use behest::domain::{
-    ContentPart, FinishReason, Message, MessageId, Role, RunId, RunStatus, SessionId, TokenUsage,
-    ToolCall, ToolChoice,
+    ContentPart, FinishReason, Message, MessageId, Role, RunEnd, RunId, RunStatus, SessionId,
+    TokenUsage, ToolCall, ToolChoice,
 };
 use behest::events::LoggedEvent;
-use behest::store::{EventWrite, NewRun, RunChange, RunFilter, RunOutcome, Store, StoreError};
+use behest::store::{EventWrite, NewRun, RunChange, RunFilter, Store, StoreError};
 use chrono::Utc;
 use serde_json::json;
 use support::db::{Backend, TestDb};
@@ -120,10 +120,8 @@ async fn complete(store: &dyn Store, run_id: RunId) {
     let write = EventWrite {
         run_id,
         event: event(1, "run_completed", true),
-        outcome: Some(RunOutcome {
-            status: RunStatus::Completed,
-            finish_reason: Some(FinishReason::Stop),
-            error: None,
+        outcome: Some(RunEnd::Completed {
+            finish_reason: FinishReason::Stop,
         }),
         change: RunChange::default(),
     };
@@ -211,10 +209,8 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
         EventWrite {
             run_id: run.id,
             event: event(5, "run_completed", true),
-            outcome: Some(RunOutcome {
-                status: RunStatus::Completed,
-                finish_reason: Some(FinishReason::Stop),
-                error: None,
+            outcome: Some(RunEnd::Completed {
+                finish_reason: FinishReason::Stop,
             }),
             change: RunChange::default(),
         },
@@ -229,10 +225,8 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
     let terminal = vec![EventWrite {
         run_id: run.id,
         event: event(6, "run_completed", true),
-        outcome: Some(RunOutcome {
-            status: RunStatus::Completed,
-            finish_reason: Some(FinishReason::Stop),
-            error: None,
+        outcome: Some(RunEnd::Completed {
+            finish_reason: FinishReason::Stop,
         }),
         change: RunChange::default(),
     }];
@@ -570,11 +564,7 @@ async fn leases_claims_and_fencing(backend: Backend) {
     let terminal = EventWrite {
         run_id: live,
         event: event(2, "run_cancelled", true),
-        outcome: Some(RunOutcome {
-            status: RunStatus::Cancelled,
-            finish_reason: Some(FinishReason::Unknown),
-            error: None,
-        }),
+        outcome: Some(RunEnd::Cancelled),
         change: RunChange::default(),
     };
     store.append_events(&[terminal]).await.unwrap();
@@ -630,10 +620,8 @@ async fn snapshots_follow_boundaries_and_retention_removes_them(backend: Backend
     let terminal = EventWrite {
         run_id: run.id,
         event: event(3, "run_completed", true),
-        outcome: Some(RunOutcome {
-            status: RunStatus::Completed,
-            finish_reason: Some(FinishReason::Stop),
-            error: None,
+        outcome: Some(RunEnd::Completed {
+            finish_reason: FinishReason::Stop,
         }),
         change: RunChange::default(),
     };
@@ -864,10 +852,8 @@ async fn sessions_pages_and_defaults(backend: Backend) {
         let mut done = EventWrite {
             run_id: run.id,
             event: event(1, "run_completed", true),
-            outcome: Some(RunOutcome {
-                status: RunStatus::Completed,
-                finish_reason: Some(FinishReason::Stop),
-                error: None,
+            outcome: Some(RunEnd::Completed {
+                finish_reason: FinishReason::Stop,
             }),
             change: RunChange::default(),
         };
@@ -1019,10 +1005,8 @@ async fn compactions_context_settings_and_breaker(backend: Backend) {
     let terminal = EventWrite {
         run_id: run.id,
         event: event(5, "run_completed", true),
-        outcome: Some(RunOutcome {
-            status: RunStatus::Completed,
-            finish_reason: Some(FinishReason::Stop),
-            error: None,
+        outcome: Some(RunEnd::Completed {
+            finish_reason: FinishReason::Stop,
         }),
         change: RunChange::default(),
     };
@@ -1233,10 +1217,8 @@ async fn a_batch_of_runs_changes_reads_as_one_after_another(backend: Backend) {
     let (a, b, c) = (&runs[0], &runs[1], &runs[2]);
     let mut ended = write(c.id, 3);
     ended.event = event(3, "run_completed", true);
-    ended.outcome = Some(RunOutcome {
-        status: RunStatus::Completed,
-        finish_reason: Some(FinishReason::Stop),
-        error: None,
+    ended.outcome = Some(RunEnd::Completed {
+        finish_reason: FinishReason::Stop,
     });
     let batch = vec![
         boundary(a, 1, 1, usage(10)),

@@ -1,7 +1,6 @@
 //! Property: for random legal runs — killed and taken over at random points, some ended by
 //! a close-out — the trail the emitters keep live equals the stored log folded again, and the
 //! stored log folds without a [`TrailError`].
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

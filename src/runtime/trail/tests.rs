@@ -1,11 +1,5 @@
 //! Golden logs of the restart cases, folded and planned (in the manner of steno's saga log
 //! recovery tests), and impossible sequences rejected.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "tests"
-)]
 
 use chrono::Utc;
 use serde_json::json;

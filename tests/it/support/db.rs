@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use behest::runtime::RunTrail;
 use behest::store::{self, Store};
 use sqlx::Connection;
 
@@ -67,6 +68,11 @@ impl TestDb {
         store::connect(&self.url).await.expect("open store")
     }
 
+    /// Folds every run's stored log (see [`assert_logs_fold`]).
+    pub async fn assert_logs_fold(&self) {
+        assert_logs_fold(self.store().await.as_ref()).await;
+    }
+
     /// Drops a PostgreSQL test database (best effort).
     pub async fn cleanup(self) {
         if let Some((admin_url, name)) = &self.postgres
@@ -75,6 +81,44 @@ impl TestDb {
             let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                 .execute(&mut admin)
                 .await;
+        }
+    }
+}
+
+/// Folds every run's stored log into its trail, as recovery does, and fails on the first run
+/// whose log does not fold (a `TrailError`: a log behest must never write). Every test that
+/// produces runs ends with it (`TestServer::stop` calls it).
+pub async fn assert_logs_fold(store: &dyn Store) {
+    let mut filter = store::RunFilter {
+        limit: 200,
+        ..Default::default()
+    };
+    loop {
+        let runs = store.list_runs(&filter).await.expect("list runs");
+        for run in &runs {
+            let trail = RunTrail::load(store, run.id)
+                .await
+                .expect("read the run's log");
+            if let Some(error) = trail.broken() {
+                let events = store
+                    .read_events(run.id, 0, 10_000)
+                    .await
+                    .unwrap_or_default();
+                let kinds: Vec<String> = events
+                    .iter()
+                    .map(|e| format!("{} {}", e.sequence, e.event_type))
+                    .collect();
+                panic!(
+                    "run {} ({:?}): its log does not fold: {error}\n{}",
+                    run.id,
+                    run.status,
+                    kinds.join("\n")
+                );
+            }
+        }
+        match runs.last() {
+            Some(last) if runs.len() == 200 => filter.before = Some(last.id),
+            _ => break,
         }
     }
 }

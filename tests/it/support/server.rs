@@ -218,9 +218,11 @@ impl TestServer {
             .expect("JSON")
     }
 
+    /// Stops the server (its runs stay resumable) and checks that every run's log folds.
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.runtime.shutdown(Duration::from_secs(2)).await;
+        super::db::assert_logs_fold(self.runtime.store().as_ref()).await;
         if let Some(db) = self.db {
             db.cleanup().await;
         }
