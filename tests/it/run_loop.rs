@@ -210,9 +210,30 @@ async fn assert_fails(server: &TestServer, expect_in_error: &str, class: Option<
     let run = server.get_json(&format!("/runs/{run_id}")).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["error"], error);
+    // The class is the run's too: on its record, in the run list, its output and snapshot.
+    assert_eq!(run["error_class"].as_str(), class, "{run}");
+    let listed = server.get_json("/runs?status=failed&limit=100").await;
+    let listed = listed["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == run_id.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(listed["error_class"].as_str(), class);
     let output = server.get_json(&format!("/runs/{run_id}/output")).await;
     assert_eq!(output["status"], "failed");
     assert_eq!(output["finish_reason"], "error");
+    assert_eq!(output["error_class"].as_str(), class);
+    let snapshot = server.get_json(&format!("/snapshots/{run_id}")).await;
+    assert_eq!(
+        (
+            snapshot["status"].as_str(),
+            snapshot["error_class"].as_str()
+        ),
+        (Some("failed"), class),
+        "{snapshot}"
+    );
 }
 
 async fn provider_failures_end_in_run_failed(backend: Backend) {
@@ -272,6 +293,11 @@ async fn cancel_ends_a_streaming_run(backend: Backend) {
     assert_eq!(response.status(), 200);
     let record: Value = response.json().await.unwrap();
     assert_eq!(record["status"], "cancelled");
+    assert_eq!(
+        record["error_class"],
+        Value::Null,
+        "only a failed run has one"
+    );
     assert_eq!(record["iterations"], 1, "the interrupted model call counts");
     // The record and the output agree on the finish reason.
     assert_eq!(record["finish_reason"], "unknown");
