@@ -330,7 +330,12 @@ impl RunEmitter {
     /// # Errors
     /// [`LogError`] when already closed or the write failed.
     pub async fn finish(&self, end: RunEnd) -> Result<u64, LogError> {
-        let payload = EventPayload::terminal(&end, self.trail().iterations());
+        let iterations = self
+            .trail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iterations();
+        let payload = EventPayload::terminal(&end, iterations);
         let status = end.status().as_str();
         let error_class = end.error_class().map(|class| class.as_str());
         let finish_reason = end.finish_reason();

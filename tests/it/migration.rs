@@ -330,4 +330,114 @@ async fn a_0005_log_reads_back_byte_for_byte_after_0006(backend: Backend) {
     db.cleanup().await;
 }
 
-on_both_backends!(a_0005_log_reads_back_byte_for_byte_after_0006);
+/// A failed run's `run_failed` of one of the logs 0007 reads: compact (the default trace) or
+/// verbatim (no trace context), with a class or, from an older server, without one.
+fn failed_log(
+    run_id: RunId,
+    session_id: SessionId,
+    verbatim: bool,
+    class: Option<&str>,
+) -> Vec<LoggedEvent> {
+    let mut failed = json!({"type": "run_failed", "error": "boom \"quoted\""});
+    if let Some(class) = class {
+        failed["error_class"] = json!(class);
+    }
+    let payloads = [
+        json!({"type": "run_started", "session_id": session_id, "provider": "fake", "model": "m"}),
+        failed,
+    ];
+    let (trace_id, span_id) = if verbatim {
+        (String::new(), String::new())
+    } else {
+        (run_id.0.simple().to_string(), "00f067aa0ba902b7".to_owned())
+    };
+    payloads
+        .into_iter()
+        .enumerate()
+        .map(|(index, payload)| {
+            let event = AgentEvent {
+                sequence: index as u64 + 1,
+                run_id,
+                timestamp: timestamp(index),
+                trace_id: trace_id.clone(),
+                span_id: span_id.clone(),
+                payload: serde_json::from_value::<EventPayload>(payload).unwrap(),
+            };
+            LoggedEvent {
+                sequence: event.sequence,
+                event_type: event.payload.event_type().to_owned(),
+                data: serde_json::to_string(&event).unwrap().into(),
+                terminal: event.is_terminal(),
+            }
+        })
+        .collect()
+}
+
+/// Migration 0007 gives the runs that failed before it their `error_class`, read from their
+/// `run_failed` event (compact or verbatim); a run whose event has none keeps none.
+async fn failed_runs_get_their_error_class_from_their_log(backend: Backend) {
+    let Some(db) = TestDb::new(backend).await else {
+        return;
+    };
+    let runs = [
+        (false, Some("rate_limited")),
+        (true, Some("doom_loop")),
+        (false, None),
+    ];
+    let logs: Vec<(RunId, SessionId, Vec<LoggedEvent>)> = runs
+        .iter()
+        .map(|(verbatim, class)| {
+            let (run_id, session_id) = (RunId::new(), SessionId::new());
+            (
+                run_id,
+                session_id,
+                failed_log(run_id, session_id, *verbatim, *class),
+            )
+        })
+        .collect();
+    match backend {
+        Backend::Sqlite => {
+            let options = sqlx::sqlite::SqliteConnectOptions::from_str(&db.url)
+                .unwrap()
+                .create_if_missing(true)
+                .foreign_keys(true);
+            let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+            up_to(sqlx::migrate!("./migrations/sqlite"), 5)
+                .run(&pool)
+                .await
+                .unwrap();
+            write_old_logs!(&pool, &logs);
+            sqlx::query("UPDATE runs SET status = 'failed'")
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            up_to(sqlx::migrate!("./migrations/postgres"), 5)
+                .run(&pool)
+                .await
+                .unwrap();
+            write_old_logs!(&pool, &logs);
+            sqlx::query("UPDATE runs SET status = 'failed'")
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }
+    }
+    // Opening the store applies 0006 and 0007.
+    let store = db.store().await;
+    for ((run_id, _, _), (_, class)) in logs.iter().zip(runs) {
+        let run = store.get_run(*run_id).await.unwrap().unwrap();
+        assert_eq!(run.error_class.map(|c| c.as_str()), class, "run {run_id}");
+    }
+    drop(store);
+    db.cleanup().await;
+}
+
+on_both_backends!(
+    a_0005_log_reads_back_byte_for_byte_after_0006,
+    failed_runs_get_their_error_class_from_their_log
+);
