@@ -459,11 +459,7 @@ pub(super) fn messages(rows: Vec<MessageRow>) -> StoreResult<Vec<Message>> {
 macro_rules! impl_store {
     ($store:ty, $db:ty) => {
         #[async_trait::async_trait]
-        impl $crate::store::Store for $store {
-            fn single_process(&self) -> bool {
-                Self::SINGLE_PROCESS
-            }
-
+        impl $crate::store::RunStore for $store {
             #[tracing::instrument(skip_all, fields(run_id = %run.id))]
             async fn create_run(
                 &self,
@@ -542,8 +538,22 @@ macro_rules! impl_store {
                 $crate::store::sql::runs(rows)
             }
 
+            async fn active_runs(
+                &self,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::RunRecord>> {
+                use $crate::store::sql::RUN_COLUMNS;
+                let rows: Vec<$crate::store::sql::RunRow> = sqlx::query_as(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs \
+                     WHERE status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id"
+                ))
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::runs(rows)
+            }
+        }
 
-
+        #[async_trait::async_trait]
+        impl $crate::store::EventStore for $store {
             async fn append_events_as(
                 &self,
                 owner: Option<&str>,
@@ -758,38 +768,10 @@ macro_rules! impl_store {
                         .await?;
                 Ok(last.and_then(|s| u64::try_from(s).ok()).unwrap_or(0))
             }
+        }
 
-
-            async fn session_messages(
-                &self,
-                session_id: $crate::domain::SessionId,
-            ) -> $crate::store::StoreResult<Vec<$crate::domain::Message>> {
-                use $crate::store::sql::MESSAGE_COLUMNS;
-                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
-                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 ORDER BY seq"
-                ))
-                .bind(session_id.0)
-                .fetch_all(&self.pool)
-                .await?;
-                $crate::store::sql::messages(rows)
-            }
-
-            async fn run_messages(
-                &self,
-                run_id: $crate::domain::RunId,
-                role: $crate::domain::Role,
-            ) -> $crate::store::StoreResult<Vec<$crate::domain::Message>> {
-                use $crate::store::sql::MESSAGE_COLUMNS;
-                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
-                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE run_id = $1 AND role = $2 ORDER BY seq"
-                ))
-                .bind(run_id.0)
-                .bind(role.as_str())
-                .fetch_all(&self.pool)
-                .await?;
-                $crate::store::sql::messages(rows)
-            }
-
+        #[async_trait::async_trait]
+        impl $crate::store::SessionStore for $store {
             async fn get_session(
                 &self,
                 id: $crate::domain::SessionId,
@@ -821,6 +803,49 @@ macro_rules! impl_store {
                 $crate::store::sql::sessions(rows)
             }
 
+            async fn create_session(
+                &self,
+                session: &$crate::domain::Session,
+            ) -> $crate::store::StoreResult<$crate::domain::Session> {
+                use $crate::store::sql::{SESSION_COLUMNS, to_json};
+                let row: $crate::store::sql::SessionRow = sqlx::query_as(&format!(
+                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) \
+                     RETURNING {SESSION_COLUMNS}"
+                ))
+                .bind(session.id.0)
+                .bind(session.created_at)
+                .bind(session.updated_at)
+                .bind(session.title.as_deref())
+                .bind(to_json(&session.metadata)?)
+                .bind(to_json(&session.defaults)?)
+                .fetch_one(&self.pool)
+                .await?;
+                row.try_into()
+            }
+
+            async fn update_session(
+                &self,
+                id: $crate::domain::SessionId,
+                patch: &$crate::store::SessionPatch,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> $crate::store::StoreResult<Option<$crate::domain::Session>> {
+                use $crate::store::sql::{SESSION_COLUMNS, to_json};
+                let metadata = patch.metadata.as_ref().map(to_json).transpose()?;
+                let row: Option<$crate::store::sql::SessionRow> = sqlx::query_as(&format!(
+                    "UPDATE sessions SET updated_at = $2, \
+                     title = CASE WHEN $3 THEN $4 ELSE title END, \
+                     metadata = COALESCE($5, metadata) WHERE id = $1 RETURNING {SESSION_COLUMNS}"
+                ))
+                .bind(id.0)
+                .bind(now)
+                .bind(patch.title.is_some())
+                .bind(patch.title.clone().flatten())
+                .bind(metadata)
+                .fetch_optional(&self.pool)
+                .await?;
+                row.map(TryInto::try_into).transpose()
+            }
+
             async fn delete_session(
                 &self,
                 id: $crate::domain::SessionId,
@@ -847,17 +872,174 @@ macro_rules! impl_store {
                 Ok(deleted.rows_affected() > 0)
             }
 
-            async fn active_runs(
+            async fn session_messages(
                 &self,
-            ) -> $crate::store::StoreResult<Vec<$crate::domain::RunRecord>> {
-                use $crate::store::sql::RUN_COLUMNS;
-                let rows: Vec<$crate::store::sql::RunRow> = sqlx::query_as(&format!(
-                    "SELECT {RUN_COLUMNS} FROM runs \
-                     WHERE status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id"
+                session_id: $crate::domain::SessionId,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Message>> {
+                use $crate::store::sql::MESSAGE_COLUMNS;
+                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 ORDER BY seq"
                 ))
+                .bind(session_id.0)
                 .fetch_all(&self.pool)
                 .await?;
-                $crate::store::sql::runs(rows)
+                $crate::store::sql::messages(rows)
+            }
+
+            async fn session_messages_page(
+                &self,
+                session_id: $crate::domain::SessionId,
+                after: Option<$crate::domain::MessageId>,
+                limit: u32,
+            ) -> $crate::store::StoreResult<Option<Vec<$crate::domain::Message>>> {
+                use $crate::store::sql::MESSAGE_COLUMNS;
+                let from: i64 = match after {
+                    None => 0,
+                    Some(after) => {
+                        let seq: Option<i64> = sqlx::query_scalar(
+                            "SELECT seq FROM messages WHERE id = $1 AND session_id = $2",
+                        )
+                        .bind(after.0)
+                        .bind(session_id.0)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                        match seq {
+                            Some(seq) => seq,
+                            None => return Ok(None),
+                        }
+                    }
+                };
+                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 AND seq > $2 \
+                     ORDER BY seq LIMIT $3"
+                ))
+                .bind(session_id.0)
+                .bind(from)
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::messages(rows).map(Some)
+            }
+
+            async fn run_messages(
+                &self,
+                run_id: $crate::domain::RunId,
+                role: $crate::domain::Role,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Message>> {
+                use $crate::store::sql::MESSAGE_COLUMNS;
+                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE run_id = $1 AND role = $2 ORDER BY seq"
+                ))
+                .bind(run_id.0)
+                .bind(role.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+                $crate::store::sql::messages(rows)
+            }
+
+            async fn session_context(
+                &self,
+                session_id: $crate::domain::SessionId,
+            ) -> $crate::store::StoreResult<$crate::store::SessionContext> {
+                use $crate::store::sql::{COMPACTION_COLUMNS, MESSAGE_COLUMNS};
+                let calibration = Self::calibration(&self.pool, session_id).await?;
+                let latest: Option<($crate::store::sql::CompactionRow, i64)> = {
+                    let row: Option<$crate::store::sql::CompactionWithSeq> = sqlx::query_as(&format!(
+                        "SELECT {COMPACTION_COLUMNS}, through_seq FROM compactions \
+                         WHERE session_id = $1 ORDER BY through_seq DESC, id DESC LIMIT 1"
+                    ))
+                    .bind(session_id.0)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                    row.map(|row| (row.compaction, row.through_seq))
+                };
+                let Some((compaction, through_seq)) = latest else {
+                    let messages = self.session_messages(session_id).await?;
+                    return Ok($crate::store::SessionContext {
+                        compaction: None,
+                        messages,
+                        calibration,
+                    });
+                };
+                let mut rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
+                     AND role = 'system' AND seq <= $2 ORDER BY seq"
+                ))
+                .bind(session_id.0)
+                .bind(through_seq)
+                .fetch_all(&self.pool)
+                .await?;
+                // The latest user input is kept verbatim, even when the compaction covers it.
+                let pinned: Option<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
+                     AND role = 'user' AND seq <= $2 AND NOT EXISTS (SELECT 1 FROM messages \
+                     WHERE session_id = $1 AND role = 'user' AND seq > $2) \
+                     ORDER BY seq DESC LIMIT 1"
+                ))
+                .bind(session_id.0)
+                .bind(through_seq)
+                .fetch_optional(&self.pool)
+                .await?;
+                rows.extend(pinned);
+                let after: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 AND seq > $2 \
+                     ORDER BY seq"
+                ))
+                .bind(session_id.0)
+                .bind(through_seq)
+                .fetch_all(&self.pool)
+                .await?;
+                rows.extend(after);
+                Ok($crate::store::SessionContext {
+                    compaction: Some(compaction.try_into()?),
+                    messages: $crate::store::sql::messages(rows)?,
+                    calibration,
+                })
+            }
+
+            async fn session_context_after(
+                &self,
+                session_id: $crate::domain::SessionId,
+                after: Option<$crate::domain::MessageId>,
+            ) -> $crate::store::StoreResult<$crate::store::ContextUpdate> {
+                use $crate::store::sql::MESSAGE_COLUMNS;
+                let compacted: Option<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM compactions WHERE session_id = $1 LIMIT 1",
+                )
+                .bind(session_id.0)
+                .fetch_optional(&self.pool)
+                .await?;
+                if compacted.is_some() {
+                    return Ok($crate::store::ContextUpdate::Compacted(Box::new(
+                        self.session_context(session_id).await?,
+                    )));
+                }
+                let calibration = Self::calibration(&self.pool, session_id).await?;
+                // After a message that is not the session's: nothing (`seq > NULL`).
+                let after_clause = if after.is_some() {
+                    "seq > (SELECT seq FROM messages WHERE id = $2 AND session_id = $1)"
+                } else {
+                    "$2 IS NULL"
+                };
+                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
+                     AND {after_clause} ORDER BY seq"
+                ))
+                .bind(session_id.0)
+                .bind(after.map(|id| id.0))
+                .fetch_all(&self.pool)
+                .await?;
+                Ok($crate::store::ContextUpdate::Appended {
+                    messages: $crate::store::sql::messages(rows)?,
+                    calibration,
+                })
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::store::LeaseStore for $store {
+            fn single_process(&self) -> bool {
+                Self::SINGLE_PROCESS
             }
 
             async fn claim_runs(
@@ -987,147 +1169,10 @@ macro_rules! impl_store {
                 .await?;
                 Ok(updated.rows_affected() > 0)
             }
+        }
 
-            async fn get_snapshot(
-                &self,
-                run_id: $crate::domain::RunId,
-            ) -> $crate::store::StoreResult<Option<$crate::domain::Snapshot>> {
-                use $crate::store::sql::SNAPSHOT_COLUMNS;
-                let row: Option<$crate::store::sql::SnapshotRow> = sqlx::query_as(&format!(
-                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE run_id = $1"
-                ))
-                .bind(run_id.0)
-                .fetch_optional(&self.pool)
-                .await?;
-                row.map(TryInto::try_into).transpose()
-            }
-
-            async fn list_snapshots(
-                &self,
-                filter: &$crate::store::SnapshotFilter,
-            ) -> $crate::store::StoreResult<Vec<$crate::domain::Snapshot>> {
-                use $crate::store::sql::SNAPSHOT_COLUMNS;
-                let mut query = sqlx::QueryBuilder::<$db>::new(format!(
-                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE 1 = 1"
-                ));
-                if let Some(session_id) = filter.session_id {
-                    query.push(" AND session_id = ").push_bind(session_id.0);
-                }
-                if let Some(status) = filter.status {
-                    query.push(" AND status = ").push_bind(status.as_str());
-                }
-                if let Some(before) = filter.before {
-                    query.push(" AND run_id < ").push_bind(before.0);
-                }
-                query.push(" ORDER BY run_id DESC LIMIT ").push_bind(i64::from(filter.limit));
-                let rows: Vec<$crate::store::sql::SnapshotRow> =
-                    query.build_query_as().fetch_all(&self.pool).await?;
-                $crate::store::sql::snapshots(rows)
-            }
-
-            async fn delete_snapshot(
-                &self,
-                run_id: $crate::domain::RunId,
-            ) -> $crate::store::StoreResult<bool> {
-                let mut tx = self.begin_write().await?;
-                let status: Option<String> =
-                    sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
-                        .bind(run_id.0)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                let terminal = status
-                    .as_deref()
-                    .and_then($crate::domain::RunStatus::parse)
-                    .is_none_or(|status| status.is_terminal());
-                if !terminal {
-                    return Err($crate::store::StoreError::RunActive(run_id));
-                }
-                let deleted = sqlx::query("DELETE FROM snapshots WHERE run_id = $1")
-                    .bind(run_id.0)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok(deleted.rows_affected() > 0)
-            }
-
-            async fn create_session(
-                &self,
-                session: &$crate::domain::Session,
-            ) -> $crate::store::StoreResult<$crate::domain::Session> {
-                use $crate::store::sql::{SESSION_COLUMNS, to_json};
-                let row: $crate::store::sql::SessionRow = sqlx::query_as(&format!(
-                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) \
-                     RETURNING {SESSION_COLUMNS}"
-                ))
-                .bind(session.id.0)
-                .bind(session.created_at)
-                .bind(session.updated_at)
-                .bind(session.title.as_deref())
-                .bind(to_json(&session.metadata)?)
-                .bind(to_json(&session.defaults)?)
-                .fetch_one(&self.pool)
-                .await?;
-                row.try_into()
-            }
-
-            async fn update_session(
-                &self,
-                id: $crate::domain::SessionId,
-                patch: &$crate::store::SessionPatch,
-                now: chrono::DateTime<chrono::Utc>,
-            ) -> $crate::store::StoreResult<Option<$crate::domain::Session>> {
-                use $crate::store::sql::{SESSION_COLUMNS, to_json};
-                let metadata = patch.metadata.as_ref().map(to_json).transpose()?;
-                let row: Option<$crate::store::sql::SessionRow> = sqlx::query_as(&format!(
-                    "UPDATE sessions SET updated_at = $2, \
-                     title = CASE WHEN $3 THEN $4 ELSE title END, \
-                     metadata = COALESCE($5, metadata) WHERE id = $1 RETURNING {SESSION_COLUMNS}"
-                ))
-                .bind(id.0)
-                .bind(now)
-                .bind(patch.title.is_some())
-                .bind(patch.title.clone().flatten())
-                .bind(metadata)
-                .fetch_optional(&self.pool)
-                .await?;
-                row.map(TryInto::try_into).transpose()
-            }
-
-            async fn session_messages_page(
-                &self,
-                session_id: $crate::domain::SessionId,
-                after: Option<$crate::domain::MessageId>,
-                limit: u32,
-            ) -> $crate::store::StoreResult<Option<Vec<$crate::domain::Message>>> {
-                use $crate::store::sql::MESSAGE_COLUMNS;
-                let from: i64 = match after {
-                    None => 0,
-                    Some(after) => {
-                        let seq: Option<i64> = sqlx::query_scalar(
-                            "SELECT seq FROM messages WHERE id = $1 AND session_id = $2",
-                        )
-                        .bind(after.0)
-                        .bind(session_id.0)
-                        .fetch_optional(&self.pool)
-                        .await?;
-                        match seq {
-                            Some(seq) => seq,
-                            None => return Ok(None),
-                        }
-                    }
-                };
-                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
-                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 AND seq > $2 \
-                     ORDER BY seq LIMIT $3"
-                ))
-                .bind(session_id.0)
-                .bind(from)
-                .bind(i64::from(limit))
-                .fetch_all(&self.pool)
-                .await?;
-                $crate::store::sql::messages(rows).map(Some)
-            }
-
+        #[async_trait::async_trait]
+        impl $crate::store::ActionStore for $store {
             async fn submit_answers(
                 &self,
                 run_id: $crate::domain::RunId,
@@ -1232,144 +1277,75 @@ macro_rules! impl_store {
                 tx.commit().await?;
                 $crate::store::sql::answers(rows)
             }
+        }
 
-            async fn remove_expired_events(
+        #[async_trait::async_trait]
+        impl $crate::store::SnapshotStore for $store {
+            async fn get_snapshot(
                 &self,
-                ended_before: chrono::DateTime<chrono::Utc>,
-                limit: u32,
-            ) -> $crate::store::StoreResult<u32> {
+                run_id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<Option<$crate::domain::Snapshot>> {
+                use $crate::store::sql::SNAPSHOT_COLUMNS;
+                let row: Option<$crate::store::sql::SnapshotRow> = sqlx::query_as(&format!(
+                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE run_id = $1"
+                ))
+                .bind(run_id.0)
+                .fetch_optional(&self.pool)
+                .await?;
+                row.map(TryInto::try_into).transpose()
+            }
+
+            async fn list_snapshots(
+                &self,
+                filter: &$crate::store::SnapshotFilter,
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Snapshot>> {
+                use $crate::store::sql::SNAPSHOT_COLUMNS;
+                let mut query = sqlx::QueryBuilder::<$db>::new(format!(
+                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE 1 = 1"
+                ));
+                if let Some(session_id) = filter.session_id {
+                    query.push(" AND session_id = ").push_bind(session_id.0);
+                }
+                if let Some(status) = filter.status {
+                    query.push(" AND status = ").push_bind(status.as_str());
+                }
+                if let Some(before) = filter.before {
+                    query.push(" AND run_id < ").push_bind(before.0);
+                }
+                query.push(" ORDER BY run_id DESC LIMIT ").push_bind(i64::from(filter.limit));
+                let rows: Vec<$crate::store::sql::SnapshotRow> =
+                    query.build_query_as().fetch_all(&self.pool).await?;
+                $crate::store::sql::snapshots(rows)
+            }
+
+            async fn delete_snapshot(
+                &self,
+                run_id: $crate::domain::RunId,
+            ) -> $crate::store::StoreResult<bool> {
                 let mut tx = self.begin_write().await?;
-                let runs: Vec<uuid::Uuid> = sqlx::query_scalar(
-                    "SELECT id FROM runs WHERE status IN ('completed', 'failed', 'cancelled') \
-                     AND events_removed_at IS NULL AND updated_at < $1 ORDER BY updated_at LIMIT $2",
-                )
-                .bind(ended_before)
-                .bind(i64::from(limit))
-                .fetch_all(&mut *tx)
-                .await?;
-                if runs.is_empty() {
-                    return Ok(0);
+                let status: Option<String> =
+                    sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
+                        .bind(run_id.0)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let terminal = status
+                    .as_deref()
+                    .and_then($crate::domain::RunStatus::parse)
+                    .is_none_or(|status| status.is_terminal());
+                if !terminal {
+                    return Err($crate::store::StoreError::RunActive(run_id));
                 }
-                let now = chrono::Utc::now();
-                for statement in [
-                    "DELETE FROM events WHERE run_id IN (",
-                    "DELETE FROM snapshots WHERE run_id IN (",
-                    "DELETE FROM action_answers WHERE run_id IN (",
-                    "UPDATE runs SET events_removed_at = ",
-                ] {
-                    let mut query = sqlx::QueryBuilder::<$db>::new(statement);
-                    if statement.starts_with("UPDATE") {
-                        query.push_bind(now).push(" WHERE id IN (");
-                    }
-                    let mut list = query.separated(", ");
-                    for run in &runs {
-                        list.push_bind(*run);
-                    }
-                    query.push(")");
-                    query.build().execute(&mut *tx).await?;
-                }
-                tx.commit().await?;
-                Ok(u32::try_from(runs.len()).unwrap_or(u32::MAX))
-            }
-
-            async fn session_context(
-                &self,
-                session_id: $crate::domain::SessionId,
-            ) -> $crate::store::StoreResult<$crate::store::SessionContext> {
-                use $crate::store::sql::{COMPACTION_COLUMNS, MESSAGE_COLUMNS};
-                let calibration = Self::calibration(&self.pool, session_id).await?;
-                let latest: Option<($crate::store::sql::CompactionRow, i64)> = {
-                    let row: Option<$crate::store::sql::CompactionWithSeq> = sqlx::query_as(&format!(
-                        "SELECT {COMPACTION_COLUMNS}, through_seq FROM compactions \
-                         WHERE session_id = $1 ORDER BY through_seq DESC, id DESC LIMIT 1"
-                    ))
-                    .bind(session_id.0)
-                    .fetch_optional(&self.pool)
+                let deleted = sqlx::query("DELETE FROM snapshots WHERE run_id = $1")
+                    .bind(run_id.0)
+                    .execute(&mut *tx)
                     .await?;
-                    row.map(|row| (row.compaction, row.through_seq))
-                };
-                let Some((compaction, through_seq)) = latest else {
-                    let messages = self.session_messages(session_id).await?;
-                    return Ok($crate::store::SessionContext {
-                        compaction: None,
-                        messages,
-                        calibration,
-                    });
-                };
-                let mut rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
-                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
-                     AND role = 'system' AND seq <= $2 ORDER BY seq"
-                ))
-                .bind(session_id.0)
-                .bind(through_seq)
-                .fetch_all(&self.pool)
-                .await?;
-                // The latest user input is kept verbatim, even when the compaction covers it.
-                let pinned: Option<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
-                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
-                     AND role = 'user' AND seq <= $2 AND NOT EXISTS (SELECT 1 FROM messages \
-                     WHERE session_id = $1 AND role = 'user' AND seq > $2) \
-                     ORDER BY seq DESC LIMIT 1"
-                ))
-                .bind(session_id.0)
-                .bind(through_seq)
-                .fetch_optional(&self.pool)
-                .await?;
-                rows.extend(pinned);
-                let after: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
-                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 AND seq > $2 \
-                     ORDER BY seq"
-                ))
-                .bind(session_id.0)
-                .bind(through_seq)
-                .fetch_all(&self.pool)
-                .await?;
-                rows.extend(after);
-                Ok($crate::store::SessionContext {
-                    compaction: Some(compaction.try_into()?),
-                    messages: $crate::store::sql::messages(rows)?,
-                    calibration,
-                })
+                tx.commit().await?;
+                Ok(deleted.rows_affected() > 0)
             }
+        }
 
-            async fn session_context_after(
-                &self,
-                session_id: $crate::domain::SessionId,
-                after: Option<$crate::domain::MessageId>,
-            ) -> $crate::store::StoreResult<$crate::store::ContextUpdate> {
-                use $crate::store::sql::MESSAGE_COLUMNS;
-                let compacted: Option<uuid::Uuid> = sqlx::query_scalar(
-                    "SELECT id FROM compactions WHERE session_id = $1 LIMIT 1",
-                )
-                .bind(session_id.0)
-                .fetch_optional(&self.pool)
-                .await?;
-                if compacted.is_some() {
-                    return Ok($crate::store::ContextUpdate::Compacted(Box::new(
-                        self.session_context(session_id).await?,
-                    )));
-                }
-                let calibration = Self::calibration(&self.pool, session_id).await?;
-                // After a message that is not the session's: nothing (`seq > NULL`).
-                let after_clause = if after.is_some() {
-                    "seq > (SELECT seq FROM messages WHERE id = $2 AND session_id = $1)"
-                } else {
-                    "$2 IS NULL"
-                };
-                let rows: Vec<$crate::store::sql::MessageRow> = sqlx::query_as(&format!(
-                    "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
-                     AND {after_clause} ORDER BY seq"
-                ))
-                .bind(session_id.0)
-                .bind(after.map(|id| id.0))
-                .fetch_all(&self.pool)
-                .await?;
-                Ok($crate::store::ContextUpdate::Appended {
-                    messages: $crate::store::sql::messages(rows)?,
-                    calibration,
-                })
-            }
-
+        #[async_trait::async_trait]
+        impl $crate::store::CompactionStore for $store {
             async fn session_compactions(
                 &self,
                 session_id: $crate::domain::SessionId,
@@ -1511,6 +1487,48 @@ macro_rules! impl_store {
                 .fetch_one(&self.pool)
                 .await?;
                 Ok(row.with_threshold(threshold))
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::store::RetentionStore for $store {
+            async fn remove_expired_events(
+                &self,
+                ended_before: chrono::DateTime<chrono::Utc>,
+                limit: u32,
+            ) -> $crate::store::StoreResult<u32> {
+                let mut tx = self.begin_write().await?;
+                let runs: Vec<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM runs WHERE status IN ('completed', 'failed', 'cancelled') \
+                     AND events_removed_at IS NULL AND updated_at < $1 ORDER BY updated_at LIMIT $2",
+                )
+                .bind(ended_before)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+                if runs.is_empty() {
+                    return Ok(0);
+                }
+                let now = chrono::Utc::now();
+                for statement in [
+                    "DELETE FROM events WHERE run_id IN (",
+                    "DELETE FROM snapshots WHERE run_id IN (",
+                    "DELETE FROM action_answers WHERE run_id IN (",
+                    "UPDATE runs SET events_removed_at = ",
+                ] {
+                    let mut query = sqlx::QueryBuilder::<$db>::new(statement);
+                    if statement.starts_with("UPDATE") {
+                        query.push_bind(now).push(" WHERE id IN (");
+                    }
+                    let mut list = query.separated(", ");
+                    for run in &runs {
+                        list.push_bind(*run);
+                    }
+                    query.push(")");
+                    query.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(u32::try_from(runs.len()).unwrap_or(u32::MAX))
             }
         }
     };
