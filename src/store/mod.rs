@@ -1,8 +1,8 @@
 //! Persistence of sessions, messages, runs and events: a trait per concern ([`RunStore`],
 //! [`EventStore`], [`SessionStore`], [`LeaseStore`], [`ActionStore`], [`SnapshotStore`],
 //! [`CompactionStore`], [`RetentionStore`]) and one [`Store`] that combines them, implemented for
-//! SQLite (the embedded default) and PostgreSQL. Both share the SQL in `sql.rs` and pass the
-//! same test suite.
+//! SQLite (the embedded default) and PostgreSQL. Both share the SQL in `sql/`, a file per
+//! concern, and pass the same test suite.
 
 mod postgres;
 mod sql;
@@ -389,6 +389,8 @@ impl<T> Store for T where
 
 /// Runs: admission (a run with its user message, in one transaction), reads and the runs
 /// left active.
+///
+/// SQL: `store/sql/runs.rs`.
 #[async_trait]
 pub trait RunStore: Send + Sync {
     /// Creates the run (and its session when new) and stores the user input as one message,
@@ -417,6 +419,8 @@ pub trait RunStore: Send + Sync {
 
 /// A run's event log: appending batches (with the writes each event proves, fenced by the
 /// lease) and reading them back.
+///
+/// SQL: `store/sql/events.rs`.
 #[async_trait]
 pub trait EventStore: Send + Sync {
     /// Appends events (any runs, each run's in sequence order) in one transaction, with their
@@ -449,6 +453,8 @@ pub trait EventStore: Send + Sync {
 
 /// Sessions and their messages, and the context a run starts from (with the session's token
 /// calibration).
+///
+/// SQL: `store/sql/sessions.rs`.
 #[async_trait]
 pub trait SessionStore: Send + Sync {
     /// The session, if it exists.
@@ -502,8 +508,8 @@ pub trait SessionStore: Send + Sync {
     /// What a session's context became since a run of this process loaded it up to the
     /// message `after` (`None`: nothing loaded yet): the messages stored after it while the
     /// session was never compacted (none when `after` is not the session's), its whole context
-    /// (as [`SessionStore::session_context`] reads it) once it was. A few indexed reads whatever the
-    /// session's length.
+    /// (as [`SessionStore::session_context`] reads it) once it was. A few indexed reads
+    /// whatever the session's length.
     async fn session_context_after(
         &self,
         session_id: SessionId,
@@ -513,6 +519,8 @@ pub trait SessionStore: Send + Sync {
 
 /// Leases: which process owns an active run, takeovers of expired ones, and cancels requested
 /// across processes.
+///
+/// SQL: `store/sql/leases.rs`.
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
     /// True when only one process may use the store (SQLite): at startup, every run left
@@ -553,6 +561,8 @@ pub trait LeaseStore: Send + Sync {
 }
 
 /// A paused run's required action: the client's answers to the calls it waits for.
+///
+/// SQL: `store/sql/actions.rs`.
 #[async_trait]
 pub trait ActionStore: Send + Sync {
     /// Records answers to the calls a paused run waits for, in one transaction serialized with
@@ -586,6 +596,8 @@ pub trait ActionStore: Send + Sync {
 }
 
 /// Snapshots: each run's state at its last iteration boundary (written with the event log).
+///
+/// SQL: `store/sql/snapshots.rs`.
 #[async_trait]
 pub trait SnapshotStore: Send + Sync {
     /// The run's snapshot, if one exists.
@@ -603,6 +615,8 @@ pub trait SnapshotStore: Send + Sync {
 
 /// Compaction: a session's compactions, the settings stored through `/compaction` and the
 /// circuit breaker.
+///
+/// SQL: `store/sql/compaction.rs`.
 #[async_trait]
 pub trait CompactionStore: Send + Sync {
     /// Every compaction of the session, in the order of the messages they cover.
@@ -637,6 +651,8 @@ pub trait CompactionStore: Send + Sync {
 }
 
 /// Retention: removing the logs of runs that ended long ago.
+///
+/// SQL: `store/sql/retention.rs`.
 #[async_trait]
 pub trait RetentionStore: Send + Sync {
     /// Removes the events, snapshots and recorded tool answers of up to `limit` runs that ended
