@@ -1,7 +1,8 @@
 //! Group commit of starts: the runs created while the previous batch was being written are
-//! stored together, in one transaction ([`Store::create_runs`]), by one task. Under a burst of
-//! creates every request waits for one commit, not for the commits of all the requests ahead of
-//! it; alone, a create is written at once.
+//! stored together, in one transaction
+//! ([`RunStore::create_runs`](crate::store::RunStore::create_runs)), by one task. Under a burst
+//! of creates every request waits for one commit, not for the commits of all the requests ahead
+//! of it; alone, a create is written at once.
 
 use std::sync::Arc;
 
@@ -30,10 +31,11 @@ impl Admission {
         Self { queue }
     }
 
-    /// Stores the run with its user message (and its new session), as [`Store::create_run`].
+    /// Stores the run with its user message (and its new session), as
+    /// [`RunStore::create_run`](crate::store::RunStore::create_run).
     ///
     /// # Errors
-    /// [`Store::create_run`]'s.
+    /// [`RunStore::create_run`](crate::store::RunStore::create_run)'s.
     pub(super) async fn create(&self, run: NewRun) -> StoreResult<RunRecord> {
         let (done, result) = oneshot::channel();
         self.queue

@@ -61,7 +61,8 @@ impl std::fmt::Debug for Pending {
 
 impl EventLog {
     /// Starts the writer task; it ends when every `EventLog` handle is dropped.
-    /// Writes are fenced by `owner`'s leases ([`Store::append_events_as`]).
+    /// Writes are fenced by `owner`'s leases
+    /// ([`EventStore::append_events_as`](crate::store::EventStore::append_events_as)).
     #[must_use]
     pub fn start(
         store: Arc<dyn Store>,

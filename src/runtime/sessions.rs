@@ -76,9 +76,10 @@ impl ContextCache {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The session's context as [`Store::session_context`] reads it, reading only what was
-    /// stored since this process last loaded the session; the session's entry goes with it until
-    /// [`ContextCache::give_back`].
+    /// The session's context as
+    /// [`SessionStore::session_context`](crate::store::SessionStore::session_context) reads it,
+    /// reading only what was stored since this process last loaded the session; the session's
+    /// entry goes with it until [`ContextCache::give_back`].
     ///
     /// # Errors
     /// The store's.

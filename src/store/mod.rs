@@ -1,6 +1,8 @@
-//! Persistence of sessions, messages, runs and events: one [`Store`] trait, implemented for
-//! SQLite (the embedded default) and PostgreSQL. Both share the SQL in `sql.rs` and pass the
-//! same test suite.
+//! Persistence of sessions, messages, runs and events: a trait per concern ([`RunStore`],
+//! [`EventStore`], [`SessionStore`], [`LeaseStore`], [`ActionStore`], [`SnapshotStore`],
+//! [`CompactionStore`], [`RetentionStore`]) and one [`Store`] that combines them, implemented for
+//! SQLite (the embedded default) and PostgreSQL. Both share the SQL in `sql/`, a file per
+//! concern, and pass the same test suite.
 
 mod postgres;
 mod sql;
@@ -353,7 +355,7 @@ impl NewRun {
     }
 }
 
-/// A session's context since an earlier read ([`Store::session_context_after`]).
+/// A session's context since an earlier read ([`SessionStore::session_context_after`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ContextUpdate {
     /// The session was never compacted: the messages after the earlier read, oldest first.
@@ -376,9 +378,41 @@ pub struct BreakerFailure {
     pub opened: bool,
 }
 
-/// The persistence the runtime and the API need.
+/// The persistence the runtime and the API need: every concern's trait, implemented together
+/// by [`SqliteStore`] and [`PostgresStore`]. Callers hold an `Arc<dyn Store>`; the concerns'
+/// methods are called on it without importing their traits.
+pub trait Store:
+    RunStore
+    + EventStore
+    + SessionStore
+    + LeaseStore
+    + ActionStore
+    + SnapshotStore
+    + CompactionStore
+    + RetentionStore
+    + std::fmt::Debug
+{
+}
+
+impl<T> Store for T where
+    T: RunStore
+        + EventStore
+        + SessionStore
+        + LeaseStore
+        + ActionStore
+        + SnapshotStore
+        + CompactionStore
+        + RetentionStore
+        + std::fmt::Debug
+{
+}
+
+/// Runs: admission (a run with its user message, in one transaction), reads and the runs
+/// left active.
+///
+/// SQL: `store/sql/runs.rs`.
 #[async_trait]
-pub trait Store: Send + Sync + std::fmt::Debug {
+pub trait RunStore: Send + Sync {
     /// Creates the run (and its session when new) and stores the user input as one message,
     /// all in one transaction.
     ///
@@ -388,7 +422,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`StoreError::SessionBusy`] when the session has an active run. Nothing is written then.
     async fn create_run(&self, run: &NewRun) -> StoreResult<RunRecord>;
 
-    /// [`Store::create_run`] for each run, in one transaction (group commit of starts): the
+    /// [`RunStore::create_run`] for each run, in one transaction (group commit of starts): the
     /// results in the runs' order, each run's error its own (nothing of a failed run is
     /// written; the others are).
     async fn create_runs(&self, runs: &[NewRun]) -> Vec<StoreResult<RunRecord>>;
@@ -399,13 +433,23 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// A page of runs, newest first.
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<Vec<RunRecord>>;
 
+    /// Every run not in a terminal status (for recovery at startup).
+    async fn active_runs(&self) -> StoreResult<Vec<RunRecord>>;
+}
+
+/// A run's event log: appending batches (with the writes each event proves, fenced by the
+/// lease) and reading them back.
+///
+/// SQL: `store/sql/events.rs`.
+#[async_trait]
+pub trait EventStore: Send + Sync {
     /// Appends events (any runs, each run's in sequence order) in one transaction, with their
     /// [`RunChange`]s and terminal outcomes, without a lease check.
     async fn append_events(&self, events: &[EventWrite]) -> StoreResult<()> {
         self.append_events_as(None, events).await.map(|_| ())
     }
 
-    /// Appends events like [`Store::append_events`], as the process `owner`: the events of a
+    /// Appends events like [`EventStore::append_events`], as the process `owner`: the events of a
     /// run whose lease another process holds are not written (fencing: a process that lost a
     /// run cannot write to its log); the others are, in one transaction. Returns the fenced
     /// runs. `None` checks no lease.
@@ -425,24 +469,85 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// The highest sequence stored for the run (0 when none).
     async fn last_sequence(&self, run_id: RunId) -> StoreResult<u64>;
+}
+
+/// Sessions and their messages, and the context a run starts from (with the session's token
+/// calibration).
+///
+/// SQL: `store/sql/sessions.rs`.
+#[async_trait]
+pub trait SessionStore: Send + Sync {
+    /// The session, if it exists.
+    async fn get_session(&self, id: SessionId) -> StoreResult<Option<Session>>;
+
+    /// A page of sessions, newest first, older than `before` when given.
+    async fn list_sessions(
+        &self,
+        before: Option<SessionId>,
+        limit: u32,
+    ) -> StoreResult<Vec<Session>>;
+
+    /// Creates a session without runs; returns it as stored (PostgreSQL keeps microseconds).
+    async fn create_session(&self, session: &Session) -> StoreResult<Session>;
+
+    /// Changes a session's title and metadata (and `updated_at`); `None` when it does not
+    /// exist.
+    async fn update_session(
+        &self,
+        id: SessionId,
+        patch: &SessionPatch,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<Session>>;
+
+    /// Deletes the session with its runs, messages and events.
+    ///
+    /// # Errors
+    /// [`StoreError::SessionBusy`] while it has an active run (nothing is deleted).
+    async fn delete_session(&self, id: SessionId) -> StoreResult<bool>;
 
     /// The session's messages, oldest first.
     async fn session_messages(&self, session_id: SessionId) -> StoreResult<Vec<Message>>;
 
+    /// Up to `limit` of the session's messages, oldest first, after the message `after` (from
+    /// the start when `None`); reads only that page. `None` when `after` is not a message of
+    /// the session.
+    async fn session_messages_page(
+        &self,
+        session_id: SessionId,
+        after: Option<MessageId>,
+        limit: u32,
+    ) -> StoreResult<Option<Vec<Message>>>;
+
     /// The run's messages with this role, oldest first.
     async fn run_messages(&self, run_id: RunId, role: Role) -> StoreResult<Vec<Message>>;
 
-    /// The session, if it exists.
-    async fn get_session(&self, id: SessionId) -> StoreResult<Option<Session>>;
+    /// The session's context for a run (see [`SessionContext`]): a few indexed reads whatever
+    /// the session's length.
+    async fn session_context(&self, session_id: SessionId) -> StoreResult<SessionContext>;
 
+    /// What a session's context became since a run of this process loaded it up to the
+    /// message `after` (`None`: nothing loaded yet): the messages stored after it while the
+    /// session was never compacted (none when `after` is not the session's), its whole context
+    /// (as [`SessionStore::session_context`] reads it) once it was. A few indexed reads
+    /// whatever the session's length.
+    async fn session_context_after(
+        &self,
+        session_id: SessionId,
+        after: Option<MessageId>,
+    ) -> StoreResult<ContextUpdate>;
+}
+
+/// Leases: which process owns an active run, takeovers of expired ones, and cancels requested
+/// across processes.
+///
+/// SQL: `store/sql/leases.rs`.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
     /// True when only one process may use the store (SQLite): at startup, every run left
     /// active belongs to a process that is gone.
     fn single_process(&self) -> bool {
         false
     }
-
-    /// Every run not in a terminal status (for recovery at startup).
-    async fn active_runs(&self) -> StoreResult<Vec<RunRecord>>;
 
     /// Takes over non-terminal runs not owned by `lease.owner` whose lease has expired at
     /// `now_ms` (or that have none) — every one of them when `all` (a store only one process
@@ -455,7 +560,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         limit: u32,
     ) -> StoreResult<Vec<ClaimedRun>>;
 
-    /// Takes over one run like [`Store::claim_runs`] (for a cancel of a run no process owns).
+    /// Takes over one run like [`LeaseStore::claim_runs`] (for a cancel of a run no process owns).
     /// `None` when it is terminal, missing, or leased by a live owner.
     async fn claim_run(
         &self,
@@ -473,65 +578,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Records a cancel for the process that owns (or next takes over) an active run. False
     /// when the run is terminal or missing.
     async fn request_cancel(&self, run_id: RunId) -> StoreResult<bool>;
+}
 
-    /// The run's snapshot, if one exists.
-    async fn get_snapshot(&self, run_id: RunId) -> StoreResult<Option<Snapshot>>;
-
-    /// A page of snapshots, newest run first.
-    async fn list_snapshots(&self, filter: &SnapshotFilter) -> StoreResult<Vec<Snapshot>>;
-
-    /// Deletes a finished run's snapshot; false when there is none.
-    ///
-    /// # Errors
-    /// [`StoreError::RunActive`] while the run is not terminal (nothing is deleted).
-    async fn delete_snapshot(&self, run_id: RunId) -> StoreResult<bool>;
-
-    /// Removes the events, snapshots and recorded tool answers of up to `limit` runs that ended
-    /// before `ended_before` (one transaction) and marks them `events_removed_at`; returns how
-    /// many runs.
-    async fn remove_expired_events(
-        &self,
-        ended_before: DateTime<Utc>,
-        limit: u32,
-    ) -> StoreResult<u32>;
-
-    /// A page of sessions, newest first, older than `before` when given.
-    async fn list_sessions(
-        &self,
-        before: Option<SessionId>,
-        limit: u32,
-    ) -> StoreResult<Vec<Session>>;
-
-    /// Deletes the session with its runs, messages and events.
-    ///
-    /// # Errors
-    /// [`StoreError::SessionBusy`] while it has an active run (nothing is deleted).
-    async fn delete_session(&self, id: SessionId) -> StoreResult<bool>;
-
-    /// Creates a session without runs; returns it as stored (PostgreSQL keeps microseconds).
-    async fn create_session(&self, session: &Session) -> StoreResult<Session>;
-
-    /// Changes a session's title and metadata (and `updated_at`); `None` when it does not
-    /// exist.
-    async fn update_session(
-        &self,
-        id: SessionId,
-        patch: &SessionPatch,
-        now: DateTime<Utc>,
-    ) -> StoreResult<Option<Session>>;
-
-    /// Up to `limit` of the session's messages, oldest first, after the message `after` (from
-    /// the start when `None`); reads only that page. `None` when `after` is not a message of
-    /// the session.
-    async fn session_messages_page(
-        &self,
-        session_id: SessionId,
-        after: Option<MessageId>,
-        limit: u32,
-    ) -> StoreResult<Option<Vec<Message>>>;
-
+/// A paused run's required action: the client's answers to the calls it waits for.
+///
+/// SQL: `store/sql/actions.rs`.
+#[async_trait]
+pub trait ActionStore: Send + Sync {
     /// Records answers to the calls a paused run waits for, in one transaction serialized with
-    /// [`Store::close_action`]: only while the run is `requires_action` for the assistant
+    /// [`ActionStore::close_action`]: only while the run is `requires_action` for the assistant
     /// message `message_id` and before its deadline (`now_ms`), and only for calls not answered
     /// before (all or none are stored).
     async fn submit_answers(
@@ -558,21 +613,32 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         run_id: RunId,
         message_id: MessageId,
     ) -> StoreResult<Vec<(String, ActionAnswer)>>;
-    /// The session's context for a run (see [`SessionContext`]): a few indexed reads whatever
-    /// the session's length.
-    async fn session_context(&self, session_id: SessionId) -> StoreResult<SessionContext>;
+}
 
-    /// What a session's context became since a run of this process loaded it up to the
-    /// message `after` (`None`: nothing loaded yet): the messages stored after it while the
-    /// session was never compacted (none when `after` is not the session's), its whole context
-    /// (as [`Store::session_context`] reads it) once it was. A few indexed reads whatever the
-    /// session's length.
-    async fn session_context_after(
-        &self,
-        session_id: SessionId,
-        after: Option<MessageId>,
-    ) -> StoreResult<ContextUpdate>;
+/// Snapshots: each run's state at its last iteration boundary (written with the event log).
+///
+/// SQL: `store/sql/snapshots.rs`.
+#[async_trait]
+pub trait SnapshotStore: Send + Sync {
+    /// The run's snapshot, if one exists.
+    async fn get_snapshot(&self, run_id: RunId) -> StoreResult<Option<Snapshot>>;
 
+    /// A page of snapshots, newest run first.
+    async fn list_snapshots(&self, filter: &SnapshotFilter) -> StoreResult<Vec<Snapshot>>;
+
+    /// Deletes a finished run's snapshot; false when there is none.
+    ///
+    /// # Errors
+    /// [`StoreError::RunActive`] while the run is not terminal (nothing is deleted).
+    async fn delete_snapshot(&self, run_id: RunId) -> StoreResult<bool>;
+}
+
+/// Compaction: a session's compactions, the settings stored through `/compaction` and the
+/// circuit breaker.
+///
+/// SQL: `store/sql/compaction.rs`.
+#[async_trait]
+pub trait CompactionStore: Send + Sync {
     /// Every compaction of the session, in the order of the messages they cover.
     async fn session_compactions(&self, session_id: SessionId) -> StoreResult<Vec<Compaction>>;
 
@@ -602,6 +668,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// Closes the breaker and clears its count and last error.
     async fn reset_circuit_breaker(&self, threshold: u32) -> StoreResult<CircuitBreaker>;
+}
+
+/// Retention: removing the logs of runs that ended long ago.
+///
+/// SQL: `store/sql/retention.rs`.
+#[async_trait]
+pub trait RetentionStore: Send + Sync {
+    /// Removes the events, snapshots and recorded tool answers of up to `limit` runs that ended
+    /// before `ended_before` (one transaction) and marks them `events_removed_at`; returns how
+    /// many runs.
+    async fn remove_expired_events(
+        &self,
+        ended_before: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<u32>;
 }
 
 /// Opens the store a URL names, creating the SQLite file when missing, and applies migrations.

@@ -6,7 +6,6 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::StoreResult;
-use super::sql::{impl_explain_conflict, impl_store};
 
 /// A pooled connection idle for longer than this is pinged before it is used again (the
 /// server may have closed it meanwhile).
@@ -15,16 +14,16 @@ const IDLE_CHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 /// The PostgreSQL store.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
-    pool: PgPool,
+    pub(super) pool: PgPool,
 }
 
 impl PostgresStore {
     /// Several replicas may share the database.
-    const SINGLE_PROCESS: bool = false;
+    pub(super) const SINGLE_PROCESS: bool = false;
     /// Rows read for a check that must hold until the commit (fencing) are share-locked.
-    const ROW_LOCK: &str = " FOR SHARE";
+    pub(super) const ROW_LOCK: &str = " FOR SHARE";
     /// A row read to be updated in the same transaction is locked for it.
-    const ROW_LOCK_UPDATE: &str = " FOR UPDATE";
+    pub(super) const ROW_LOCK_UPDATE: &str = " FOR UPDATE";
 
     /// Connects to a `postgres://` URL and migrates the database.
     ///
@@ -55,10 +54,7 @@ impl PostgresStore {
         Ok(Self { pool })
     }
 
-    async fn begin_write(&self) -> StoreResult<Transaction<'static, Postgres>> {
+    pub(super) async fn begin_write(&self) -> StoreResult<Transaction<'static, Postgres>> {
         Ok(self.pool.begin().await?)
     }
 }
-
-impl_explain_conflict!(PostgresStore, Postgres);
-impl_store!(PostgresStore, Postgres);

@@ -13,12 +13,11 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::StoreResult;
-use super::sql::{impl_explain_conflict, impl_store};
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
+    pub(super) pool: SqlitePool,
     /// Held by this process's write transaction: SQLite has one writer at a time.
     writer: Arc<Mutex<()>>,
 }
@@ -52,11 +51,11 @@ impl DerefMut for WriteTx {
 
 impl SqliteStore {
     /// One process per database file (DESIGN.md: "SQLite is one process").
-    const SINGLE_PROCESS: bool = true;
+    pub(super) const SINGLE_PROCESS: bool = true;
     /// No row locks: a write transaction (`BEGIN IMMEDIATE`) excludes every other writer.
-    const ROW_LOCK: &str = "";
+    pub(super) const ROW_LOCK: &str = "";
     /// No row locks: the write transaction holds every row it reads.
-    const ROW_LOCK_UPDATE: &str = "";
+    pub(super) const ROW_LOCK_UPDATE: &str = "";
 
     /// Opens (creating when missing) the database at a `sqlite://PATH` URL and migrates it.
     ///
@@ -88,7 +87,7 @@ impl SqliteStore {
     }
 
     /// Waits for this process's previous writer (in order), then begins.
-    async fn begin_write(&self) -> StoreResult<WriteTx> {
+    pub(super) async fn begin_write(&self) -> StoreResult<WriteTx> {
         let turn = self.writer.clone().lock_owned().await;
         Ok(WriteTx {
             tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
@@ -96,6 +95,3 @@ impl SqliteStore {
         })
     }
 }
-
-impl_explain_conflict!(SqliteStore, Sqlite);
-impl_store!(SqliteStore, Sqlite);

@@ -1,0 +1,272 @@
+//! A run's event log: appending batches in one transaction with the writes each event proves
+//! (fenced by the runs' leases), and reading the log back. The writes that belong to another
+//! concern are its helpers: `insert_message` (`sessions.rs`), `upsert_snapshot`
+//! (`snapshots.rs`), `insert_compaction_row` (`compaction.rs`), `update_run_progress`
+//! (`runs.rs`).
+
+use super::{corrupt, count, text, to_i64, to_json};
+use crate::domain::{RunId, RunStatus, TokenUsage};
+use crate::events::{LoggedEvent, StoredEnvelope, StoredEvent};
+use crate::store::{EventStore, EventWrite, PostgresStore, SqliteStore, StoreResult};
+
+/// A row of `events` (migration 0006): see [`StoredEvent`].
+#[derive(sqlx::FromRow)]
+pub(super) struct EventRow {
+    sequence: i64,
+    kind: i16,
+    emitted_at: Option<i64>,
+    span_id: Option<Vec<u8>>,
+    trace_id: Option<Vec<u8>>,
+    body: String,
+}
+
+/// The logged events of `run_id`'s rows, `data` derived again from the stored values.
+pub(super) fn events(run_id: RunId, rows: Vec<EventRow>) -> StoreResult<Vec<LoggedEvent>> {
+    rows.into_iter()
+        .map(|row| {
+            let envelope = row.emitted_at.map(|emitted_at| StoredEnvelope {
+                emitted_at,
+                span_id: row.span_id.unwrap_or_default(),
+                trace_id: row.trace_id,
+            });
+            let stored = StoredEvent {
+                kind: row.kind,
+                envelope,
+                body: row.body,
+            };
+            stored
+                .decode(run_id, count(row.sequence))
+                .map_err(|error| corrupt("event", error))
+        })
+        .collect()
+}
+
+/// Implements [`EventStore`] for a backend struct (see `sql/mod.rs`).
+macro_rules! impl_event_store {
+    ($store:ty, $db:ty) => {
+        #[async_trait::async_trait]
+        impl EventStore for $store {
+            async fn append_events_as(
+                &self,
+                owner: Option<&str>,
+                events: &[EventWrite],
+            ) -> StoreResult<Vec<RunId>> {
+                if events.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // Encoded before the transaction opens: it stays as short as before.
+                let encoded: Vec<StoredEvent> = events
+                    .iter()
+                    .map(|write| StoredEvent::encode(write.run_id, &write.event))
+                    .collect();
+                let mut tx = self.begin_write().await?;
+                // Fencing: only runs this process (still) holds the lease of are written. The
+                // check holds until the commit: SQLite's write transaction excludes every other
+                // writer; PostgreSQL's `FOR SHARE` row locks make a takeover wait for it.
+                let mut fenced = Vec::new();
+                let kept;
+                let all = events;
+                let events = if let Some(owner) = owner {
+                    let mut runs: Vec<uuid::Uuid> = events.iter().map(|w| w.run_id.0).collect();
+                    runs.sort_unstable();
+                    runs.dedup();
+                    let mut check = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT id FROM runs WHERE (lease_owner IS NULL OR lease_owner = ",
+                    );
+                    check.push_bind(owner).push(") AND id IN (");
+                    let mut list = check.separated(", ");
+                    for run in &runs {
+                        list.push_bind(*run);
+                    }
+                    check.push(")").push(Self::ROW_LOCK);
+                    let owned: Vec<uuid::Uuid> =
+                        check.build_query_scalar().fetch_all(&mut *tx).await?;
+                    if owned.len() == runs.len() {
+                        events
+                    } else {
+                        fenced = runs
+                            .into_iter()
+                            .filter(|run| !owned.contains(run))
+                            .map(RunId)
+                            .collect();
+                        kept = events
+                            .iter()
+                            .filter(|w| !fenced.contains(&w.run_id))
+                            .cloned()
+                            .collect::<Vec<_>>();
+                        if kept.is_empty() {
+                            return Ok(fenced);
+                        }
+                        &kept[..]
+                    }
+                } else {
+                    events
+                };
+                let stored: Vec<_> = all
+                    .iter()
+                    .zip(&encoded)
+                    .filter(|(write, _)| !fenced.contains(&write.run_id))
+                    .collect();
+                // One multi-row INSERT per chunk keeps group commit to a few statements.
+                for chunk in stored.chunks(200) {
+                    let mut insert = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO events (run_id, sequence, kind, emitted_at, span_id, \
+                         trace_id, body) ",
+                    );
+                    insert.push_values(chunk, |mut row, (write, stored)| {
+                        let envelope = stored.envelope.as_ref();
+                        row.push_bind(write.run_id.0)
+                            .push_bind(to_i64(write.event.sequence))
+                            .push_bind(stored.kind)
+                            .push_bind(envelope.map(|e| e.emitted_at))
+                            .push_bind(envelope.map(|e| e.span_id.as_slice()))
+                            .push_bind(envelope.and_then(|e| e.trace_id.as_deref()))
+                            .push_bind(stored.body.as_str());
+                    });
+                    insert.build().execute(&mut *tx).await?;
+                }
+                // A run's status and progress changes that follow one another in the batch are
+                // written as one UPDATE (e.g. a start's `run_started`, `context_built` and
+                // `model_started`): the later values win, as they would one after another.
+                let mut carried: Option<(RunId, Option<RunStatus>, Option<(u32, TokenUsage)>)> =
+                    None;
+                for (index, write) in events.iter().enumerate() {
+                    let change = &write.change;
+                    if let Some(message) = &change.message {
+                        Self::insert_message(&mut tx, message).await?;
+                    }
+                    if let Some(snapshot) = &change.snapshot {
+                        Self::upsert_snapshot(&mut tx, write, snapshot).await?;
+                    }
+                    if let Some(compaction) = &change.compaction {
+                        Self::insert_compaction_row(&mut tx, compaction).await?;
+                    }
+                    if let Some((session_id, calibration)) = &change.calibration {
+                        sqlx::query(
+                            "UPDATE sessions SET context_reported_tokens = $2, \
+                             context_counted_tokens = $3 WHERE id = $1",
+                        )
+                        .bind(session_id.0)
+                        .bind(to_i64(calibration.reported_tokens))
+                        .bind(to_i64(calibration.counted_tokens))
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    if let Some(reason) = change.finish_reason {
+                        sqlx::query("UPDATE runs SET finish_reason = $2 WHERE id = $1")
+                            .bind(write.run_id.0)
+                            .bind(reason.as_str())
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    let (mut status, mut progress) = (change.status, change.progress);
+                    if let Some((run_id, earlier_status, earlier_progress)) = carried.take() {
+                        if run_id == write.run_id {
+                            status = status.or(earlier_status);
+                            progress = progress.or(earlier_progress);
+                        } else {
+                            Self::update_run_progress(
+                                &mut tx,
+                                run_id,
+                                earlier_status,
+                                earlier_progress,
+                            )
+                            .await?;
+                        }
+                    }
+                    if status.is_some() || progress.is_some() {
+                        // Carried into the next write of the same run, unless this one ends or
+                        // pauses the run, or the next pauses it (which keeps `required_action`).
+                        let carry = write.outcome.is_none()
+                            && change.required_action.is_none()
+                            && events.get(index + 1).is_some_and(|next| {
+                                next.run_id == write.run_id
+                                    && next.change.status != Some(RunStatus::RequiresAction)
+                            });
+                        if carry {
+                            carried = Some((write.run_id, status, progress));
+                        } else {
+                            Self::update_run_progress(&mut tx, write.run_id, status, progress)
+                                .await?;
+                        }
+                    }
+                    if let Some(action) = &change.required_action {
+                        sqlx::query(
+                            "UPDATE runs SET required_action = $2 WHERE id = $1 \
+                             AND status NOT IN ('completed', 'failed', 'cancelled')",
+                        )
+                        .bind(write.run_id.0)
+                        .bind(to_json(action)?)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    let Some(outcome) = &write.outcome else {
+                        continue;
+                    };
+                    let error_class = outcome.error_class().map(|c| c.as_str());
+                    sqlx::query(
+                        "UPDATE runs SET status = $2, finish_reason = $3, error = $4, updated_at = $5, \
+                         required_action = NULL, error_class = $6 WHERE id = $1",
+                    )
+                    .bind(write.run_id.0)
+                    .bind(outcome.status().as_str())
+                    .bind(outcome.finish_reason().as_str())
+                    .bind(outcome.error().map(text))
+                    .bind(chrono::Utc::now())
+                    .bind(error_class)
+                    .execute(&mut *tx)
+                    .await?;
+                    // The snapshot of a finished run shows how it ended.
+                    sqlx::query(
+                        "UPDATE snapshots SET status = $2, last_sequence = $3, created_at = $4, \
+                         error_class = $5, (iteration, input_tokens, output_tokens, total_tokens, \
+                         reasoning_tokens, usage_estimated) = (SELECT iterations, input_tokens, \
+                         output_tokens, total_tokens, reasoning_tokens, usage_estimated FROM runs \
+                         WHERE id = $1) WHERE run_id = $1",
+                    )
+                    .bind(write.run_id.0)
+                    .bind(outcome.status().as_str())
+                    .bind(to_i64(write.event.sequence))
+                    .bind(chrono::Utc::now())
+                    .bind(error_class)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(fenced)
+            }
+
+            async fn read_events(
+                &self,
+                run_id: RunId,
+                after: u64,
+                limit: u32,
+            ) -> StoreResult<Vec<LoggedEvent>> {
+                #[cfg(test)]
+                crate::store::log_reads::count(run_id);
+                let rows: Vec<EventRow> = sqlx::query_as(
+                    "SELECT sequence, kind, emitted_at, span_id, trace_id, body FROM events \
+                     WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
+                )
+                .bind(run_id.0)
+                .bind(to_i64(after))
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+                events(run_id, rows)
+            }
+
+            async fn last_sequence(&self, run_id: RunId) -> StoreResult<u64> {
+                let last: Option<i64> =
+                    sqlx::query_scalar("SELECT MAX(sequence) FROM events WHERE run_id = $1")
+                        .bind(run_id.0)
+                        .fetch_one(&self.pool)
+                        .await?;
+                Ok(last.and_then(|s| u64::try_from(s).ok()).unwrap_or(0))
+            }
+        }
+    };
+}
+
+impl_event_store!(SqliteStore, sqlx::Sqlite);
+impl_event_store!(PostgresStore, sqlx::Postgres);

@@ -1,0 +1,154 @@
+//! Leases: which process owns an active run, takeovers of expired leases, renewal and release,
+//! and cancels requested for the owner.
+
+use super::runs::{RUN_COLUMNS, RunRow};
+use crate::domain::RunId;
+use crate::store::{
+    ClaimedRun, Lease, LeaseRenewal, LeaseStore, PostgresStore, SqliteStore, StoreResult,
+};
+
+/// A claimed run with the cancel requested while nobody owned it.
+#[derive(sqlx::FromRow)]
+pub(super) struct ClaimRow {
+    #[sqlx(flatten)]
+    pub(super) run: RunRow,
+    pub(super) cancel_requested: bool,
+}
+
+/// Implements [`LeaseStore`] for a backend struct (see `sql/mod.rs`).
+macro_rules! impl_lease_store {
+    ($store:ty, $db:ty) => {
+        #[async_trait::async_trait]
+        impl LeaseStore for $store {
+            fn single_process(&self) -> bool {
+                Self::SINGLE_PROCESS
+            }
+
+            async fn claim_runs(
+                &self,
+                lease: &Lease,
+                now_ms: i64,
+                all: bool,
+                limit: u32,
+            ) -> StoreResult<Vec<ClaimedRun>> {
+                let mut tx = self.begin_write().await?;
+                let candidates: Vec<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM runs WHERE status NOT IN ('completed', 'failed', 'cancelled') \
+                     AND (lease_owner IS NULL OR lease_owner <> $1) \
+                     AND ($2 OR lease_owner IS NULL OR lease_expires_ms IS NULL OR lease_expires_ms < $3) \
+                     ORDER BY id LIMIT $4",
+                )
+                .bind(&lease.owner)
+                .bind(all)
+                .bind(now_ms)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+                let mut claimed = Vec::with_capacity(candidates.len());
+                for id in candidates {
+                    // Re-checked under the row lock: a concurrent claimer that won is skipped.
+                    let row: Option<ClaimRow> = sqlx::query_as(&format!(
+                        "UPDATE runs SET lease_owner = $2, lease_expires_ms = $3 WHERE id = $1 \
+                         AND status NOT IN ('completed', 'failed', 'cancelled') \
+                         AND (lease_owner IS NULL OR lease_owner <> $2) \
+                         AND ($4 OR lease_owner IS NULL OR lease_expires_ms IS NULL OR lease_expires_ms < $5) \
+                         RETURNING {RUN_COLUMNS}, cancel_requested"
+                    ))
+                    .bind(id)
+                    .bind(&lease.owner)
+                    .bind(lease.expires_ms)
+                    .bind(all)
+                    .bind(now_ms)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if let Some(row) = row {
+                        claimed.push(ClaimedRun {
+                            record: row.run.try_into()?,
+                            cancel_requested: row.cancel_requested,
+                        });
+                    }
+                }
+                tx.commit().await?;
+                Ok(claimed)
+            }
+
+            async fn claim_run(
+                &self,
+                run_id: RunId,
+                lease: &Lease,
+                now_ms: i64,
+            ) -> StoreResult<Option<ClaimedRun>> {
+                let row: Option<ClaimRow> = sqlx::query_as(&format!(
+                    "UPDATE runs SET lease_owner = $2, lease_expires_ms = $3 WHERE id = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled') \
+                     AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires_ms IS NULL \
+                     OR lease_expires_ms < $4) \
+                     RETURNING {RUN_COLUMNS}, cancel_requested"
+                ))
+                .bind(run_id.0)
+                .bind(&lease.owner)
+                .bind(lease.expires_ms)
+                .bind(now_ms)
+                .fetch_optional(&self.pool)
+                .await?;
+                row.map(|row| {
+                    Ok(ClaimedRun {
+                        record: row.run.try_into()?,
+                        cancel_requested: row.cancel_requested,
+                    })
+                })
+                .transpose()
+            }
+
+            async fn renew_leases(
+                &self,
+                owner: &str,
+                expires_ms: i64,
+            ) -> StoreResult<LeaseRenewal> {
+                let rows: Vec<(uuid::Uuid, bool)> = sqlx::query_as(
+                    "UPDATE runs SET lease_expires_ms = $2 WHERE lease_owner = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled') \
+                     RETURNING id, cancel_requested",
+                )
+                .bind(owner)
+                .bind(expires_ms)
+                .fetch_all(&self.pool)
+                .await?;
+                let mut renewal = LeaseRenewal::default();
+                for (id, cancel_requested) in rows {
+                    let id = RunId(id);
+                    renewal.owned.push(id);
+                    if cancel_requested {
+                        renewal.cancel_requested.push(id);
+                    }
+                }
+                Ok(renewal)
+            }
+
+            async fn release_leases(&self, owner: &str) -> StoreResult<()> {
+                sqlx::query(
+                    "UPDATE runs SET lease_expires_ms = 0 WHERE lease_owner = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled')",
+                )
+                .bind(owner)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn request_cancel(&self, run_id: RunId) -> StoreResult<bool> {
+                let updated = sqlx::query(
+                    "UPDATE runs SET cancel_requested = TRUE WHERE id = $1 \
+                     AND status NOT IN ('completed', 'failed', 'cancelled')",
+                )
+                .bind(run_id.0)
+                .execute(&self.pool)
+                .await?;
+                Ok(updated.rows_affected() > 0)
+            }
+        }
+    };
+}
+
+impl_lease_store!(SqliteStore, sqlx::Sqlite);
+impl_lease_store!(PostgresStore, sqlx::Postgres);
