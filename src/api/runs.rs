@@ -325,8 +325,10 @@ pub struct CancelQuery {
 ///
 /// Stops the model call and the loop and ends the run with one `run_cancelled`. Every cancel of an active run gets `202` (`200` with
 /// `wait=true` once the run is terminal), also when a concurrent cancel ended the run while
-/// this request was being handled. A run that had finished before the request arrived is left
-/// alone (409 with its status).
+/// this request was being handled. A run waiting in `requires_action` is ended before the
+/// answer (its record says `cancelled`, and the session accepts its next input at once); an
+/// answer to its calls sent after the cancel gets `409 run_not_waiting`. A run that had
+/// finished before the request arrived is left alone (409 with its status).
 #[utoipa::path(post, path = "/runs/{run_id}/cancel", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id"), CancelQuery),
     responses(

@@ -141,6 +141,8 @@ struct ActiveRun {
     leased: bool,
     /// Notified when answers to the calls it waits for were stored by this process.
     answered: Arc<tokio::sync::Notify>,
+    /// Cancelled once the run's task has returned (its end, if any, is written).
+    ended: CancellationToken,
 }
 
 impl ActiveRun {
@@ -150,6 +152,7 @@ impl ActiveRun {
             abandon: CancellationToken::new(),
             leased,
             answered: Arc::new(tokio::sync::Notify::new()),
+            ended: CancellationToken::new(),
         }
     }
 }
@@ -442,13 +445,14 @@ impl Runtime {
     ) {
         let resumed = trail.last_sequence() > 0;
         let run_id = record.id;
-        let (cancel, abandon, answered) = {
+        let (cancel, abandon, answered, ended) = {
             let mut active = self.active();
             let run = active.entry(run_id).or_insert_with(|| ActiveRun::new(true));
             (
                 run.cancel.clone(),
                 run.abandon.clone(),
                 run.answered.clone(),
+                run.ended.clone(),
             )
         };
         self.log.feed().open(run_id);
@@ -464,6 +468,7 @@ impl Runtime {
         self.tasks.spawn(async move {
             run_loop::supervise(&runtime, record, model, emitter, tokens, resumed).await;
             runtime.active().remove(&run_id);
+            ended.cancel();
             crate::telemetry::metrics::runs_active(-1.0);
         });
     }
@@ -511,9 +516,23 @@ impl Runtime {
         if record.status.is_terminal() {
             return Ok(Some(Self::finished_outcome(record)));
         }
-        let token = self.active().get(&run_id).map(|run| run.cancel.clone());
-        match token {
-            Some(token) => token.cancel(),
+        let local = self
+            .active()
+            .get(&run_id)
+            .map(|run| (run.cancel.clone(), run.ended.clone()));
+        match local {
+            Some((token, ended)) => {
+                // Recorded first: an answer to a waiting run that comes after this cancel is
+                // refused (`run_not_waiting`) instead of accepted and dropped.
+                self.store.request_cancel(run_id).await?;
+                token.cancel();
+                if record.status == RunStatus::RequiresAction {
+                    // Nothing runs in a waiting run: it ends at once, and the answer comes
+                    // after its end, so the session's next input is accepted.
+                    let _ended =
+                        tokio::time::timeout(WAITING_CANCEL_BOUND, ended.cancelled()).await;
+                }
+            }
             None => {
                 // Not executing here. Owned by no live process: take it over and end it (two
                 // cancels may race; the loser's write fails on the taken sequence, and the run
@@ -600,6 +619,9 @@ impl Runtime {
         self.draining.is_cancelled()
     }
 }
+
+/// How long a cancel of a run in `requires_action` waits for the run's end before it answers.
+const WAITING_CANCEL_BOUND: Duration = Duration::from_secs(10);
 
 /// Now in ms since the Unix epoch (lease expiries).
 fn store_now_ms() -> i64 {

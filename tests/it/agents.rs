@@ -806,6 +806,68 @@ async fn cancel_while_waiting(backend: Backend) {
     }
 }
 
+/// A cancel of a waiting run answers once the run has ended (nothing runs in a waiting run), so
+/// the session's very next input is accepted, and an answer sent after the cancel is refused
+/// with `run_not_waiting`.
+async fn a_cancelled_wait_frees_the_session_at_once(backend: Backend) {
+    let wire = BOTH[0];
+    let fake = FakeOpenAi::start().await;
+    let Some(server) = TestServer::start(backend, config(&fake.base_url(), "")).await else {
+        return;
+    };
+    let mut session: Option<String> = None;
+    for attempt in 0..5 {
+        fake.push(wire.tool_calls(&[("call_loc", "get_location", json!({}))]));
+        let mut body = json!({"provider": wire.provider(), "model": "fake-model",
+                              "input": "where am I?", "tools": client_tools()});
+        if let Some(session) = &session {
+            body["session_id"] = json!(session);
+        }
+        let run_id = start(&server, body).await;
+        let run = waiting(&server, &run_id).await;
+        session = Some(run["session_id"].as_str().unwrap().to_owned());
+        let cancel = server
+            .client
+            .post(server.url(&format!("/runs/{run_id}/cancel")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(cancel.status(), 202, "attempt {attempt}");
+        let cancelled: Value = cancel.json().await.unwrap();
+        assert_eq!(
+            cancelled["status"], "cancelled",
+            "attempt {attempt}: {cancelled}"
+        );
+        let (status, late) = post(
+            &server,
+            &format!("/runs/{run_id}/tool_outputs"),
+            &json!({"tool_outputs": [{"call_id": "call_loc", "output": "Lyon"}]}),
+        )
+        .await;
+        assert_eq!(
+            (status, late["code"].as_str()),
+            (409, Some("run_not_waiting")),
+            "{late}"
+        );
+        fake.push(wire.text("Still here."));
+        let (status, next) = post(
+            &server,
+            "/runs",
+            &json!({"session_id": session, "provider": wire.provider(), "model": "fake-model",
+                   "input": "still there?"}),
+        )
+        .await;
+        assert_eq!(
+            status, 202,
+            "attempt {attempt}: the next input at once: {next}"
+        );
+        let next = next["run_id"].as_str().unwrap();
+        assert_eq!(server.finished_run(next).await["status"], "completed");
+    }
+    wire.assert_valid(&fake.requests());
+    server.stop().await;
+}
+
 /// An answer and a cancel sent at the same moment: whichever wins, the call has exactly one
 /// result in the session (the answer's or the cancel's), and the session's next request is
 /// valid. Raced many times, since the window is a few milliseconds.
@@ -1550,6 +1612,7 @@ on_both_backends!(
     a_preset_plus_overrides,
     client_tool_round_trip,
     cancel_while_waiting,
+    a_cancelled_wait_frees_the_session_at_once,
     an_answer_racing_a_cancel_leaves_one_result,
     a_call_id_used_again_waits_for_its_own_answer,
     an_expired_wait_ends_the_run,

@@ -34,20 +34,23 @@ macro_rules! impl_action_store {
                 let mut tx = self.begin_write().await?;
                 // The run's row is locked until the commit: submissions and `close_action`
                 // follow one another.
-                let row: Option<(String, Option<String>)> = sqlx::query_as(&format!(
-                    "SELECT status, required_action FROM runs WHERE id = $1{}",
+                let row: Option<(String, Option<String>, bool)> = sqlx::query_as(&format!(
+                    "SELECT status, required_action, cancel_requested FROM runs WHERE id = $1{}",
                     Self::ROW_LOCK_UPDATE
                 ))
                 .bind(run_id.0)
                 .fetch_optional(&mut *tx)
                 .await?;
-                let Some((status, action)) = row else {
+                let Some((status, action, cancel_requested)) = row else {
                     return Ok(SubmitOutcome::NotFound);
                 };
                 let status = RunStatus::parse(&status)
                     .ok_or_else(|| StoreError::Corrupt(format!("status: {status}")))?;
+                // A cancel recorded before the answer wins: the run is ending, not waiting.
                 let action = match action {
-                    Some(text) if status == RunStatus::RequiresAction => required_action(&text)?,
+                    Some(text) if status == RunStatus::RequiresAction && !cancel_requested => {
+                        required_action(&text)?
+                    }
                     _ => return Ok(SubmitOutcome::NotWaiting(status)),
                 };
                 if action.message_id != message_id {
