@@ -94,7 +94,8 @@ event_payloads! {
     AssistantMessageCommitted(MessageCommitted) = "assistant_message_committed",
     /// A tool message was stored.
     ToolMessageCommitted(MessageCommitted) = "tool_message_committed",
-    /// Token usage of one model call.
+    /// Token usage of one model call (estimated, `estimated: true`, for a call cut off by a
+    /// cancel or a failure before the provider reported any).
     UsageRecorded(UsageRecorded) = "usage_recorded",
     /// Prompt-cache statistics of one model call.
     CacheMetrics(CacheMetrics) = "cache_metrics",

@@ -7,16 +7,18 @@
 //!
 //! The order, read from the run's trail once every event before is durable: (1) each tool call
 //! the cut-off model call started and did not complete is completed, its argument text so far
-//! as `invalid_arguments`; (2) the text that call streamed is kept as an incomplete assistant
-//! message; (3) each execution still open gets its `tool_execution_finished` (a `Failure`);
-//! (4) each tool call of the run without a tool message gets one; (5) the terminal event, with
+//! as `invalid_arguments`; (2) when this process made that call and it was still streaming,
+//! its estimated usage is recorded (`usage_recorded`, `estimated: true`); (3) the text that
+//! call streamed is kept as an incomplete assistant message; (4) each execution still open gets its `tool_execution_finished` (a `Failure`);
+//! (5) each tool call of the run without a tool message gets one; (6) the terminal event, with
 //! the run's status, finish reason, error and error class in its transaction. A completed run
-//! has nothing open: only (5).
+//! has nothing open: only (6).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::event_log::LogError;
+use super::model_turn::CallInFlight;
 use super::{RunEmitter, model_turn, tool_exec};
 use crate::domain::{ErrorClass, RunEnd, RunRecord};
 use crate::store::{Store, StoreError};
@@ -58,6 +60,7 @@ pub(super) async fn close_out(
     record: &RunRecord,
     end: RunEnd,
     reason: &str,
+    in_flight: Option<&CallInFlight>,
 ) -> Result<u64, EndError> {
     if !matches!(end, RunEnd::Completed { .. }) {
         // What the stopped body emitted in its last moment (e.g. the tool message of an answer
@@ -65,6 +68,17 @@ pub(super) async fn close_out(
         emitter.flush().await?;
         let trail = emitter.trail();
         model_turn::complete_open_calls(emitter, &trail).await?;
+        let cancelled = matches!(end, RunEnd::Cancelled);
+        let trail = emitter.trail();
+        model_turn::record_cut_off_usage(
+            emitter,
+            store.as_ref(),
+            record,
+            &trail,
+            in_flight,
+            cancelled,
+        )
+        .await?;
         model_turn::keep_cut_off_text(emitter, record, &trail).await?;
         // Each open execution's `tool_execution_finished` precedes its tool message.
         tool_exec::finish_open_executions(emitter, &trail, reason).await?;
@@ -83,10 +97,11 @@ pub(super) async fn close_out_retrying(
     record: &RunRecord,
     end: RunEnd,
     reason: &str,
+    in_flight: Option<&CallInFlight>,
 ) {
     let mut delay = Duration::from_millis(100);
     for attempt in 1..=6 {
-        match close_out(store, emitter, record, end.clone(), reason).await {
+        match close_out(store, emitter, record, end.clone(), reason, in_flight).await {
             Ok(_) | Err(EndError::Log(LogError::Closed | LogError::Fenced)) => return,
             Err(error) => {
                 tracing::error!(run_id = %record.id, %error, attempt, "the run's end could not be written");

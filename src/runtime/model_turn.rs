@@ -125,6 +125,104 @@ impl ModelCall {
     }
 }
 
+/// The model call a run's task is making, kept where the run's end can read it: a call cut off
+/// by a cancel or a failure before its usage was recorded gets an estimated `usage_recorded`
+/// (its request's estimated size plus what it streamed) from the close-out, since the task
+/// that made it may be gone by then.
+#[derive(Debug, Clone)]
+pub(super) struct CallInFlight {
+    /// The provider id.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// The request's estimated size, in tokens.
+    pub input_tokens: u64,
+    /// When the call was made.
+    pub started: Instant,
+}
+
+/// The run's model call in flight, shared by its task and its supervisor.
+pub(super) type InFlight = std::sync::Arc<std::sync::Mutex<Option<CallInFlight>>>;
+
+/// Sets (or clears) the run's call in flight.
+pub(super) fn set_in_flight(in_flight: &InFlight, call: Option<CallInFlight>) {
+    *in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = call;
+}
+
+/// Records the estimated usage of the model call the run ended in, when that call was cut off
+/// while streaming (no `usage_recorded` yet) and this process made it (`in_flight`): the
+/// request's estimated tokens plus the text, reasoning and tool-call arguments it streamed,
+/// `estimated: true`, counted in the run's `total_usage` (the run row, its snapshot, its
+/// output) and in the token metrics; the call is counted as `cancelled` in the call metrics
+/// when a cancel cut it (a failure counted it already). A run ended by another process after a
+/// crash has no call in flight: nothing is estimated for it.
+pub(super) async fn record_cut_off_usage(
+    emitter: &RunEmitter,
+    store: &dyn crate::store::Store,
+    record: &RunRecord,
+    trail: &RunTrail,
+    in_flight: Option<&CallInFlight>,
+    cancelled: bool,
+) -> Result<(), super::end::EndError> {
+    let (Some(call), Some(in_flight)) = (trail.cut_off_call(), in_flight) else {
+        return Ok(());
+    };
+    if call.phase != super::trail::CallPhase::Streaming {
+        return Ok(());
+    }
+    let counter = crate::runtime::tokens::TokenCounter::for_model(&in_flight.model);
+    let mut usage = counter.usage(
+        in_flight.input_tokens,
+        &crate::runtime::tokens::Reply {
+            text: &call.text,
+            reasoning: &call.reasoning,
+            tool_calls: &[],
+        },
+    );
+    let arguments: u64 = call
+        .tool_calls
+        .iter()
+        .map(|streamed| counter.text(&streamed.tool_name) + counter.text(&streamed.arguments))
+        .sum();
+    usage.output_tokens += arguments;
+    usage.total_tokens += arguments;
+    let mut total = store
+        .get_run(record.id)
+        .await?
+        .map_or(record.total_usage, |run| run.total_usage);
+    total += usage;
+    emitter
+        .emit_with(
+            EventPayload::UsageRecorded(crate::events::UsageRecorded { usage }),
+            RunChange {
+                progress: Some((trail.iterations(), total)),
+                ..RunChange::default()
+            },
+        )
+        .await?;
+    telemetry::metrics::tokens(
+        &in_flight.provider,
+        &in_flight.model,
+        [
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_read", 0),
+            ("cache_write", 0),
+        ],
+    );
+    if cancelled {
+        telemetry::metrics::model_call(
+            &in_flight.provider,
+            &in_flight.model,
+            "cancelled",
+            in_flight.started.elapsed(),
+        );
+    }
+    Ok(())
+}
+
 /// Makes one model call: sends `request` while `announce` (the events before the call, ending
 /// with its `model_started`) is committed, then emits what the call streams, in the call's
 /// span. The answer is only read once the events are durable, so nothing of the call precedes

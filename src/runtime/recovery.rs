@@ -135,7 +135,7 @@ impl Runtime {
         let trace = trace_of(&trail, run.id);
         let span = self.run_span(run, trace.clone(), true);
         let emitter = self.log.emitter(run.id, trail, trace).with_span(span);
-        end::close_out(&self.store, &emitter, run, end, reason)
+        end::close_out(&self.store, &emitter, run, end, reason, None)
             .await
             .map(|_| ())
             .map_err(|e| StoreError::Corrupt(e.to_string()))

@@ -120,6 +120,8 @@ struct RunContext {
     cancel: CancellationToken,
     agent: RunAgent,
     answered: Arc<tokio::sync::Notify>,
+    /// The model call being made, for the run's end if it cuts the call off.
+    in_flight: model_turn::InFlight,
 }
 
 /// What stops a run's task from outside, and what wakes it.
@@ -147,6 +149,7 @@ pub(super) async fn supervise(
 ) {
     let run_id = record.id;
     let cancel = tokens.cancel;
+    let in_flight = model_turn::InFlight::default();
     let context = RunContext {
         runtime: runtime.clone(),
         agent: RunAgent::of(runtime, &record),
@@ -155,6 +158,7 @@ pub(super) async fn supervise(
         emitter: emitter.clone(),
         cancel: cancel.clone(),
         answered: tokens.answered,
+        in_flight: in_flight.clone(),
     };
     let mut body = tokio::spawn(execute(context, resumed));
     let ended = tokio::select! {
@@ -212,7 +216,19 @@ pub(super) async fn supervise(
             (end, reason)
         }
     };
-    end::close_out_retrying(runtime.store(), &emitter, &record, end, reason).await;
+    let in_flight = in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    end::close_out_retrying(
+        runtime.store(),
+        &emitter,
+        &record,
+        end,
+        reason,
+        in_flight.as_ref(),
+    )
+    .await;
 }
 
 /// The tool choice of the run's `iteration`th model call: a forcing choice (`required`, a named
@@ -477,6 +493,20 @@ async fn call_model(
             tool_choice_for(&record.tool_choice, iteration),
         );
         let announce = events.take().unwrap_or_default();
+        let estimate = progress.context.usage(&Reply {
+            text: "",
+            reasoning: "",
+            tool_calls: &[],
+        });
+        model_turn::set_in_flight(
+            &context.in_flight,
+            Some(model_turn::CallInFlight {
+                provider: record.provider.clone(),
+                model: record.model.clone(),
+                input_tokens: estimate.input_tokens,
+                started: std::time::Instant::now(),
+            }),
+        );
         let turn = model_turn::call_model(
             emitter,
             entry,
@@ -486,6 +516,11 @@ async fn call_model(
             iteration,
         )
         .await;
+        // A call that streamed to its end records its own usage; one the provider rejected
+        // before any output costs nothing. Any other failure leaves it for the run's end.
+        if matches!(turn, Ok(_) | Err(TurnError::Rejected(_))) {
+            model_turn::set_in_flight(&context.in_flight, None);
+        }
         let error = match turn {
             Err(TurnError::Rejected(error)) if error.class == ErrorClass::ContextLengthExceeded => {
                 error

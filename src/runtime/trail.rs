@@ -144,6 +144,9 @@ pub struct ModelCall {
     pub phase: CallPhase,
     /// The answer text streamed (`text_delta`s).
     pub text: String,
+    /// The reasoning text streamed (`reasoning_delta`s): counted when a cut-off call's usage
+    /// is estimated.
+    pub reasoning: String,
     /// Text, reasoning or a tool call was streamed (a retry or a reactive compaction may only
     /// come before).
     pub output: bool,
@@ -427,6 +430,7 @@ impl RunTrail {
                     iteration: started.iteration,
                     phase: CallPhase::Streaming,
                     text: String::new(),
+                    reasoning: String::new(),
                     output: false,
                     retried: false,
                     tool_calls: Vec::new(),
@@ -438,7 +442,11 @@ impl RunTrail {
                 call.text.push_str(&delta.delta);
                 call.output = true;
             }
-            EventPayload::ReasoningDelta(_) => self.streaming()?.output = true,
+            EventPayload::ReasoningDelta(delta) => {
+                let call = self.streaming()?;
+                call.reasoning.push_str(&delta.delta);
+                call.output = true;
+            }
             EventPayload::ToolCallStarted(started) => {
                 let call = self.streaming()?;
                 if call.open_calls().any(|open| open.id == started.call_id) {

@@ -658,7 +658,85 @@ async fn cancel_mid_tool_call_completes_the_started_call(backend: Backend) {
     server.stop().await;
 }
 
+/// Streams until `event` is seen live.
+async fn watch_until(server: &TestServer, run_id: &str, event: &str) {
+    let mut live = server.watch(run_id, None).await;
+    let mut seen = String::new();
+    while !seen.contains(&format!("event: {event}")) {
+        let piece = tokio::time::timeout(Duration::from_secs(5), live.chunk())
+            .await
+            .expect("the event streams")
+            .unwrap()
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&piece));
+    }
+}
+
+/// A model call cut off by a cancel, or by a failure after some output, still costs tokens:
+/// the run records an estimated `usage_recorded` (its request's estimated size plus what
+/// streamed), counted in the run's totals, its output and its snapshot.
+async fn a_cut_call_records_its_estimated_usage(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let stream = text_stream(&["Counting: one, two, three, four, five, six", " and more"]);
+    let cut = stream
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|at| at + 2)
+        .unwrap();
+    let first_event =
+        &stream[..stream[cut..].windows(2).position(|w| w == b"\n\n").unwrap() + cut + 2];
+    // A cancel while the call streams; then a stream the server closes after some text.
+    fake.push(Reply::stall_after(first_event));
+    fake.push(Reply::close_after(first_event));
+    let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
+        return;
+    };
+    let cancelled = server.start_run("count for me", None).await;
+    watch_until(&server, &cancelled, "text_delta").await;
+    let response = server
+        .client
+        .post(server.url(&format!("/runs/{cancelled}/cancel?wait=true")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let failed = server.start_run("count again", None).await;
+    let failed_record = server.finished_run(&failed).await;
+    assert_eq!(failed_record["status"], "failed", "{failed_record}");
+    for (run_id, end) in [(&cancelled, "run_cancelled"), (&failed, "run_failed")] {
+        let frames = server.events(run_id, None).await;
+        let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+        assert_eq!(kinds.last(), Some(&end), "{kinds:?}");
+        let usages: Vec<Value> = frames
+            .iter()
+            .filter(|f| f.event == "usage_recorded")
+            .map(|f| f.json()["usage"].clone())
+            .collect();
+        assert_eq!(usages.len(), 1, "{run_id}: {kinds:?}");
+        let usage = &usages[0];
+        assert_eq!(usage["estimated"], true, "{usage}");
+        assert!(usage["input_tokens"].as_u64().unwrap() > 0, "{usage}");
+        // "Counting: one, two, three, four, five, six" is more than 5 tokens in any tokenizer.
+        assert!(usage["output_tokens"].as_u64().unwrap() > 5, "{usage}");
+        // Before the kept text's commit and the terminal event.
+        let at = kinds.iter().position(|k| *k == "usage_recorded").unwrap();
+        let committed = kinds
+            .iter()
+            .position(|k| *k == "assistant_message_committed")
+            .unwrap();
+        assert!(at < committed, "{kinds:?}");
+        let record = server.get_json(&format!("/runs/{run_id}")).await;
+        assert_eq!(&record["total_usage"], usage, "the run's totals");
+        let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+        assert_eq!(&output["total_usage"], usage, "the output's totals");
+        let snapshot = server.get_json(&format!("/snapshots/{run_id}")).await;
+        assert_eq!(&snapshot["total_usage"], usage, "the snapshot's totals");
+    }
+    server.stop().await;
+}
+
 on_both_backends!(
+    a_cut_call_records_its_estimated_usage,
     cancel_mid_tool_call_completes_the_started_call,
     an_unknown_finish_reason_is_not_a_clean_stop,
     a_run_cancelled_before_its_model_call_never_calls_the_model,
