@@ -178,6 +178,10 @@ pub struct RuntimeConfig {
     /// another process (a restarted one, later a replica) takes a run over only once its lease
     /// has expired; default 15000 (300 to 86400000).
     pub lease_ttl_ms: u64,
+    /// A run taken over this many times in a row from processes that died while executing it,
+    /// without committing a message in between, is failed (`run_failed`, error class
+    /// `crash_loop`) instead of resumed again; default 3 (1 to 100).
+    pub max_takeovers: u32,
     /// How long a shutdown (SIGTERM/SIGINT) waits for active runs to reach their next boundary,
     /// in ms; runs still going are then stopped where they are. Either way they stay resumable;
     /// default 10000 (at most 86400000).
@@ -315,6 +319,7 @@ impl Default for RuntimeConfig {
             doom_loop: DoomLoopConfig::default(),
             recovery: Recovery::Resume,
             lease_ttl_ms: 15_000,
+            max_takeovers: 3,
             shutdown_grace_ms: 10_000,
             event_retention_secs: None,
             retention_batch_runs: 100,
@@ -708,6 +713,10 @@ impl Config {
             (
                 (300..=86_400_000).contains(&runtime.lease_ttl_ms),
                 "runtime.lease_ttl_ms must be from 300 to 86400000 (one day)",
+            ),
+            (
+                (1..=100).contains(&runtime.max_takeovers),
+                "runtime.max_takeovers must be from 1 to 100",
             ),
             (
                 runtime.shutdown_grace_ms <= 86_400_000,

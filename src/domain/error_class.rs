@@ -5,8 +5,8 @@ use utoipa::ToSchema;
 
 /// How a provider call or a run failed, for retries and for callers (e.g. compaction on
 /// `context_length_exceeded`). Every `run_failed` carries one: the first eight classify a
-/// model provider failure; `doom_loop`, `limit_exceeded`, `interrupted`, `internal` and
-/// `action_expired` a run that failed for another reason.
+/// model provider failure; `doom_loop`, `limit_exceeded`, `interrupted`, `internal`,
+/// `action_expired` and `crash_loop` a run that failed for another reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
@@ -38,6 +38,10 @@ pub enum ErrorClass {
     /// The run waited in `requires_action` past its deadline without the client's answers
     /// (`action_timeout_ms`).
     ActionExpired,
+    /// The run was taken over `[runtime] max_takeovers` times in a row from a process that
+    /// died while executing it, without committing a message: it is failed rather than
+    /// resumed again, so that a run that kills its process cannot crash-loop the server.
+    CrashLoop,
 }
 
 impl ErrorClass {
@@ -58,6 +62,7 @@ impl ErrorClass {
             Self::Interrupted => "interrupted",
             Self::Internal => "internal",
             Self::ActionExpired => "action_expired",
+            Self::CrashLoop => "crash_loop",
         }
     }
 

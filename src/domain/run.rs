@@ -260,7 +260,7 @@ pub struct RunRecord {
     pub error: Option<String>,
     /// Why the run failed, when it failed: the `error_class` of its `run_failed` event (the
     /// class of the model provider failure, or `doom_loop`, `limit_exceeded`, `interrupted`,
-    /// `internal`, `action_expired`); null otherwise.
+    /// `internal`, `action_expired`, `crash_loop`); null otherwise.
     pub error_class: Option<ErrorClass>,
     /// The run's tools: server tools by name and the tools it defined for the client to
     /// execute; absent: every configured server tool.

@@ -79,6 +79,21 @@ impl Runtime {
         if run.cancel_requested {
             return self.end_orphan(&record, trail, RunEnd::Cancelled).await;
         }
+        if run.takeovers > self.config.max_takeovers {
+            tracing::error!(run_id = %record.id, takeovers = run.takeovers, "the run's process died every time it executed it: failed, not resumed again");
+            let end = RunEnd::failed(
+                ErrorClass::CrashLoop,
+                format!(
+                    "the server process executing the run stopped {} times in a row without the \
+                     run committing a new message (it was resumed {} times); it is failed \
+                     instead of resumed again (`[runtime] max_takeovers` = {})",
+                    run.takeovers,
+                    run.takeovers - 1,
+                    self.config.max_takeovers
+                ),
+            );
+            return self.end_orphan(&record, trail, end).await;
+        }
         if let Some(error) = trail.broken() {
             tracing::error!(run_id = %record.id, %error, "the run's log does not fold: the run is failed, not resumed");
             let end = RunEnd::failed(

@@ -192,6 +192,10 @@ pub struct ClaimedRun {
     pub record: RunRecord,
     /// A cancel was requested while another process owned it.
     pub cancel_requested: bool,
+    /// How many times in a row the run was taken over from a process that died, without
+    /// committing a message in between (this takeover included; 0 when it was released,
+    /// or waits for its client).
+    pub takeovers: u32,
 }
 
 /// What renewing a process's leases found.

@@ -30,6 +30,8 @@ mod console;
 #[cfg(test)]
 mod contract;
 #[cfg(test)]
+mod crash_loop;
+#[cfg(test)]
 mod docker;
 #[cfg(test)]
 mod events;

@@ -134,6 +134,12 @@ macro_rules! impl_event_store {
                     let change = &write.change;
                     if let Some(message) = &change.message {
                         Self::insert_message(&mut tx, message).await?;
+                        // A committed message is a boundary: the run's takeovers count again
+                        // from 0 (`sql/leases.rs`).
+                        sqlx::query("UPDATE runs SET takeovers = 0 WHERE id = $1 AND takeovers > 0")
+                            .bind(write.run_id.0)
+                            .execute(&mut *tx)
+                            .await?;
                     }
                     if let Some(snapshot) = &change.snapshot {
                         Self::upsert_snapshot(&mut tx, write, snapshot).await?;

@@ -13,7 +13,16 @@ pub(super) struct ClaimRow {
     #[sqlx(flatten)]
     pub(super) run: RunRow,
     pub(super) cancel_requested: bool,
+    pub(super) takeovers: i64,
 }
+
+/// The SET clause of a claim that counts a takeover: a run whose previous owner did not release
+/// it (it died) counts one more; a released run (a shutdown: `release_leases` sets its expiry to
+/// 0) or one waiting for its client is not counted. A message committed by the run (its next
+/// boundary) sets the count back to 0 (`sql/events.rs`).
+const COUNT_TAKEOVER: &str = "takeovers = CASE \
+     WHEN lease_owner IS NULL OR lease_expires_ms = 0 OR status = 'requires_action' \
+     THEN takeovers ELSE takeovers + 1 END";
 
 /// Implements [`LeaseStore`] for a backend struct (see `sql/mod.rs`).
 macro_rules! impl_lease_store {
@@ -48,11 +57,11 @@ macro_rules! impl_lease_store {
                 for id in candidates {
                     // Re-checked under the row lock: a concurrent claimer that won is skipped.
                     let row: Option<ClaimRow> = sqlx::query_as(&format!(
-                        "UPDATE runs SET lease_owner = $2, lease_expires_ms = $3 WHERE id = $1 \
-                         AND status NOT IN ('completed', 'failed', 'cancelled') \
+                        "UPDATE runs SET lease_owner = $2, lease_expires_ms = $3, {COUNT_TAKEOVER} \
+                         WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled') \
                          AND (lease_owner IS NULL OR lease_owner <> $2) \
                          AND ($4 OR lease_owner IS NULL OR lease_expires_ms IS NULL OR lease_expires_ms < $5) \
-                         RETURNING {RUN_COLUMNS}, cancel_requested"
+                         RETURNING {RUN_COLUMNS}, cancel_requested, takeovers"
                     ))
                     .bind(id)
                     .bind(&lease.owner)
@@ -65,6 +74,7 @@ macro_rules! impl_lease_store {
                         claimed.push(ClaimedRun {
                             record: row.run.try_into()?,
                             cancel_requested: row.cancel_requested,
+                            takeovers: u32::try_from(row.takeovers).unwrap_or(u32::MAX),
                         });
                     }
                 }
@@ -79,11 +89,11 @@ macro_rules! impl_lease_store {
                 now_ms: i64,
             ) -> StoreResult<Option<ClaimedRun>> {
                 let row: Option<ClaimRow> = sqlx::query_as(&format!(
-                    "UPDATE runs SET lease_owner = $2, lease_expires_ms = $3 WHERE id = $1 \
-                     AND status NOT IN ('completed', 'failed', 'cancelled') \
+                    "UPDATE runs SET lease_owner = $2, lease_expires_ms = $3, {COUNT_TAKEOVER} \
+                     WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled') \
                      AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires_ms IS NULL \
                      OR lease_expires_ms < $4) \
-                     RETURNING {RUN_COLUMNS}, cancel_requested"
+                     RETURNING {RUN_COLUMNS}, cancel_requested, takeovers"
                 ))
                 .bind(run_id.0)
                 .bind(&lease.owner)
@@ -95,6 +105,7 @@ macro_rules! impl_lease_store {
                     Ok(ClaimedRun {
                         record: row.run.try_into()?,
                         cancel_requested: row.cancel_requested,
+                        takeovers: u32::try_from(row.takeovers).unwrap_or(u32::MAX),
                     })
                 })
                 .transpose()
