@@ -110,6 +110,8 @@ enum Summaries {
     Empty,
     /// A summary longer than what it replaces.
     Huge,
+    /// Some text, then the connection is cut (no finish reason, no usage).
+    Cut,
 }
 
 /// The fake's behaviour: summariser requests answer a summary, the others call `lookup` once
@@ -161,6 +163,15 @@ impl Model {
                     return Reply::status(
                         500,
                         json!({"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}),
+                    );
+                }
+                Summaries::Cut => {
+                    return Reply::close_after(
+                        fake_openai::chunk(
+                            json!({"role": "assistant", "content": "Summary: the user asked for records one by one and"}),
+                            None,
+                        )
+                        .as_bytes(),
                     );
                 }
                 Summaries::Empty => String::new(),
@@ -1060,6 +1071,47 @@ async fn a_session_is_compacted_on_request(backend: Backend) {
     server.stop().await;
 }
 
+/// A summariser call cut midway (some text, then the connection closed) is a failed
+/// compaction whose cost is not lost: the run's total usage counts the request's estimated size
+/// plus the streamed text (`estimated: true`) on top of what its own model calls reported.
+async fn a_summariser_cut_midway_counts_its_estimated_usage(backend: Backend) {
+    let Some((server, _fake, model, _tools)) = start(backend, Wire::OpenAi, COMPACTION, 60).await
+    else {
+        return;
+    };
+    model.summaries(&[Summaries::Cut]);
+    let mut session: Option<String> = None;
+    let mut n = 0;
+    let (frames, record) = loop {
+        n += 1;
+        assert!(n < 80, "no compaction attempt after {n} turns");
+        let input = format!("Turn {n}: look up k{n}, please.");
+        let (_, frames, record) = run(&server, &input, session.as_deref()).await;
+        assert_eq!(record["status"], "completed", "{record}");
+        session = Some(record["session_id"].as_str().unwrap().to_owned());
+        if model.summarised.load(Ordering::SeqCst) > 0 {
+            break (frames, record);
+        }
+    };
+    assert!(of_type(&frames, "context_compacted").is_empty());
+    let reported: u64 = of_type(&frames, "usage_recorded")
+        .iter()
+        .map(|f| f.json()["usage"]["input_tokens"].as_u64().unwrap())
+        .sum();
+    let total = &record["total_usage"];
+    assert_eq!(total["estimated"], true, "{record}");
+    // The summariser's request holds the whole head of the session: hundreds of tokens.
+    let summariser = total["input_tokens"].as_u64().unwrap() - reported;
+    assert!(
+        summariser > 300,
+        "{summariser} tokens for the cut summariser call: {record}"
+    );
+    assert!(total["output_tokens"].as_u64().unwrap() > 0, "{record}");
+    let breaker = server.get_json("/compaction/circuit-breaker").await;
+    assert_eq!(breaker["consecutive_failures"], 1, "{breaker}");
+    server.stop().await;
+}
+
 /// A change of the settings applies from the next model call: a session past the threshold
 /// with `auto` off is not compacted; turned on, the next run compacts.
 async fn settings_apply_from_the_next_model_call(backend: Backend) {
@@ -1181,5 +1233,6 @@ on_both_backends!(
     a_failing_summariser_trips_the_breaker,
     the_settings_are_edited_checked_and_kept,
     a_session_is_compacted_on_request,
+    a_summariser_cut_midway_counts_its_estimated_usage,
     settings_apply_from_the_next_model_call,
 );

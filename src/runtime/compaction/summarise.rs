@@ -12,6 +12,7 @@ use crate::config::ModelConfig;
 use crate::domain::{ContentPart, ErrorClass, Message, Role, TokenUsage, ToolChoice};
 use crate::provider::{ModelEvent, ModelRequest, Provider, ProviderError};
 use crate::runtime::tokens::{Reply, TokenCounter};
+use crate::telemetry;
 
 /// What the summariser is told to do.
 pub const PROMPT: &str = "You compact the history of a conversation between a user and an AI \
@@ -191,9 +192,10 @@ impl Summariser<'_> {
             ..ModelRequest::default()
         };
         let input_tokens = counter.request(&request.messages, &[]);
-        match read(self.provider, request).await {
+        let started = std::time::Instant::now();
+        let (outcome, call_usage) = match read(self.provider, request).await {
             Ok((text, reported)) => {
-                *usage += reported.unwrap_or_else(|| {
+                let call_usage = reported.unwrap_or_else(|| {
                     counter.usage(
                         input_tokens,
                         &Reply {
@@ -203,35 +205,79 @@ impl Summariser<'_> {
                         },
                     )
                 });
-                if text.trim().is_empty() {
-                    return Err(SummaryError {
-                        message: "the summariser returned an empty summary".to_owned(),
-                        usage: *usage,
-                    });
-                }
-                Ok(text)
+                (Ok(text), call_usage)
             }
-            Err((error, reported)) => {
-                *usage += reported.unwrap_or_default();
-                Err(SummaryError {
-                    message: format!(
-                        "the summariser (model `{}` of `{}`) failed: {error}",
-                        self.model, self.provider_id
-                    ),
-                    usage: *usage,
-                })
+            // A call the provider refused before its stream began costs nothing; one that
+            // failed after costs what it reported, or the request's estimated size plus the
+            // text it streamed (`estimated: true`).
+            Err(Failed {
+                error,
+                reported,
+                streamed,
+            }) => {
+                let call_usage = reported.unwrap_or_else(|| {
+                    streamed.map_or_else(TokenUsage::default, |text| {
+                        counter.usage(
+                            input_tokens,
+                            &Reply {
+                                text: &text,
+                                reasoning: "",
+                                tool_calls: &[],
+                            },
+                        )
+                    })
+                });
+                (Err(error), call_usage)
             }
+        };
+        *usage += call_usage;
+        telemetry::metrics::tokens(
+            self.provider_id,
+            self.model,
+            [
+                ("input", call_usage.input_tokens),
+                ("output", call_usage.output_tokens),
+                ("cache_read", 0),
+                ("cache_write", 0),
+            ],
+        );
+        let class = outcome.as_ref().err().map_or("ok", |e| e.class.as_str());
+        telemetry::metrics::model_call(self.provider_id, self.model, class, started.elapsed());
+        match outcome {
+            Ok(text) if text.trim().is_empty() => Err(SummaryError {
+                message: "the summariser returned an empty summary".to_owned(),
+                usage: *usage,
+            }),
+            Ok(text) => Ok(text),
+            Err(error) => Err(SummaryError {
+                message: format!(
+                    "the summariser (model `{}` of `{}`) failed: {error}",
+                    self.model, self.provider_id
+                ),
+                usage: *usage,
+            }),
         }
     }
 }
 
-/// The text a summariser call streamed and its reported usage, or its error (with any usage
-/// reported before it).
+/// A summariser call that failed: its error, the usage the provider reported before it, and
+/// the text streamed when the stream had begun (`None`: refused before it).
+struct Failed {
+    error: ProviderError,
+    reported: Option<TokenUsage>,
+    streamed: Option<String>,
+}
+
+/// The text a summariser call streamed and its reported usage, or why it failed.
 async fn read(
     provider: &dyn Provider,
     request: ModelRequest,
-) -> Result<(String, Option<TokenUsage>), (ProviderError, Option<TokenUsage>)> {
-    let mut stream = provider.stream(request).await.map_err(|e| (e, None))?;
+) -> Result<(String, Option<TokenUsage>), Failed> {
+    let mut stream = provider.stream(request).await.map_err(|error| Failed {
+        error,
+        reported: None,
+        streamed: None,
+    })?;
     let mut text = String::new();
     let mut usage = None;
     let mut finished = false;
@@ -251,7 +297,13 @@ async fn read(
                 tracing::info!(attempt, %error, delay_ms = duration_ms(delay), "summariser call retried");
             }
             Ok(_) => {}
-            Err(error) => return Err((error, usage)),
+            Err(error) => {
+                return Err(Failed {
+                    error,
+                    reported: usage,
+                    streamed: Some(text),
+                });
+            }
         }
     }
     if !finished {
@@ -260,7 +312,11 @@ async fn read(
             ErrorClass::Transport,
             "the stream ended without a finish reason",
         );
-        return Err((error, usage));
+        return Err(Failed {
+            error,
+            reported: usage,
+            streamed: Some(text),
+        });
     }
     Ok((text, usage))
 }
