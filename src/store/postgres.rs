@@ -24,6 +24,10 @@ impl PostgresStore {
     pub(super) const ROW_LOCK: &str = " FOR SHARE";
     /// A row read to be updated in the same transaction is locked for it.
     pub(super) const ROW_LOCK_UPDATE: &str = " FOR UPDATE";
+    /// A row whose non-key columns the transaction updates later: locked for that update at
+    /// once (two transactions that share-locked it first would deadlock upgrading), without
+    /// blocking inserts elsewhere that reference it by foreign key.
+    pub(super) const ROW_LOCK_NO_KEY_UPDATE: &str = " FOR NO KEY UPDATE";
 
     /// Connects to a `postgres://` URL and migrates the database.
     ///

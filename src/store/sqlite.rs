@@ -56,6 +56,8 @@ impl SqliteStore {
     pub(super) const ROW_LOCK: &str = "";
     /// No row locks: the write transaction holds every row it reads.
     pub(super) const ROW_LOCK_UPDATE: &str = "";
+    /// No row locks (see `ROW_LOCK_UPDATE`).
+    pub(super) const ROW_LOCK_NO_KEY_UPDATE: &str = "";
 
     /// Opens (creating when missing) the database at a `sqlite://PATH` URL and migrates it.
     ///

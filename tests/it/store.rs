@@ -475,6 +475,48 @@ fn now_ms() -> i64 {
 }
 
 /// A run created by `owner` with a lease expiring at `expires_ms`.
+/// Inputs to one idle session from several processes at once (each its own pool, as replicas
+/// behind a load balancer): one run starts, every other gets `SessionBusy` naming it — never a
+/// database error (PostgreSQL's deadlock detector ended the loser's transaction when both took a
+/// shared lock on the session and then both wanted to update it).
+async fn concurrent_inputs_to_one_session_are_busy_never_an_error(backend: Backend) {
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let mut replicas = vec![store.clone()];
+    for _ in 0..3 {
+        replicas.push(db.store().await);
+    }
+    let first = new_run(SessionId::new(), true);
+    let session_id = first.session_id;
+    complete(store.as_ref(), store.create_run(&first).await.unwrap().id).await;
+    for round in 0..15 {
+        let attempts = replicas.iter().flat_map(|replica| {
+            (0..2).map(|_| {
+                let replica = replica.clone();
+                let run = new_run(session_id, false);
+                async move { replica.create_run(&run).await }
+            })
+        });
+        let results = futures::future::join_all(attempts).await;
+        let started: Vec<RunId> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok().map(|run| run.id))
+            .collect();
+        assert_eq!(started.len(), 1, "round {round}: {results:?}");
+        for result in &results {
+            match result {
+                Ok(_) => {}
+                Err(StoreError::SessionBusy { active_run, .. }) => {
+                    assert_eq!(*active_run, started[0], "round {round}");
+                }
+                Err(other) => panic!("round {round}: {other:?}"),
+            }
+        }
+        complete(store.as_ref(), started[0]).await;
+    }
+}
+
 async fn leased_run(store: &dyn Store, owner: &str, expires_ms: i64) -> RunId {
     let mut run = new_run(SessionId::new(), true);
     run.lease = Some(lease(owner, expires_ms));
@@ -1253,6 +1295,7 @@ async fn a_batch_of_runs_changes_reads_as_one_after_another(backend: Backend) {
 }
 
 on_both_backends!(
+    concurrent_inputs_to_one_session_are_busy_never_an_error,
     a_batch_of_runs_changes_reads_as_one_after_another,
     a_batch_of_starts_refuses_each_run_alone,
     context_after_a_known_message,

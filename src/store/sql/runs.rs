@@ -219,11 +219,14 @@ macro_rules! impl_run_store {
                         .execute(&mut *tx)
                         .await?;
                     } else {
-                        // Locked until the commit (PostgreSQL): a concurrent delete cannot break
-                        // the run's foreign key, which would fail the whole batch.
+                        // Locked until the commit (PostgreSQL), for the update below: a
+                        // concurrent delete cannot break the run's foreign key, which would fail
+                        // the whole batch, and concurrent inputs to the session queue here and
+                        // meet the active run's index entry (`SessionBusy`) instead of
+                        // deadlocking on the update.
                         let found: Option<uuid::Uuid> = sqlx::query_scalar(&format!(
                             "SELECT id FROM sessions WHERE id = $1{}",
-                            Self::ROW_LOCK
+                            Self::ROW_LOCK_NO_KEY_UPDATE
                         ))
                         .bind(run.session_id.0)
                         .fetch_optional(&mut *tx)
