@@ -11,7 +11,9 @@ use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{CompactionConfig, ModelWindow};
+mod database;
 mod ops;
+pub use database::DatabaseConfig;
 pub use ops::{ApiKeys, AuthConfig, KeyHash, LimitsConfig, TelemetryConfig};
 
 /// The whole configuration.
@@ -23,6 +25,8 @@ pub struct Config {
     /// `sqlite://PATH` (default `sqlite://behest.db`, created when missing) or `postgres://…`
     /// (`--database-url`, `BEHEST_DATABASE_URL`).
     pub database_url: String,
+    /// `[database]`: the pool's size and PostgreSQL's per-connection time limits.
+    pub database: DatabaseConfig,
     /// Limits and buffers of the run loop and the event log.
     pub runtime: RuntimeConfig,
     /// Model providers by id (`[providers.<id>]`).
@@ -52,6 +56,7 @@ impl Default for Config {
         Self {
             bind: "127.0.0.1:8080".to_owned(),
             database_url: "sqlite://behest.db".to_owned(),
+            database: DatabaseConfig::default(),
             runtime: RuntimeConfig::default(),
             providers: BTreeMap::new(),
             mcp_servers: BTreeMap::new(),
@@ -738,7 +743,11 @@ impl Config {
                 "runtime.action_timeout_ms must be from 1000 to 604800000 (7 days)",
             ),
         ];
-        if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {
+        if let Some((_, message)) = checks
+            .iter()
+            .chain(&self.database.checks())
+            .find(|(ok, _)| !ok)
+        {
             return Err(ConfigError::Check((*message).to_owned()));
         }
         if let Some(name) = self

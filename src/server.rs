@@ -196,7 +196,8 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
             format!("cannot listen on `bind` = `{}`: {error}", config.bind),
         )
     })?;
-    let store = store::connect(&config.database_url).await?;
+    let store =
+        store::connect_with(&config.database_url, &config.database.connect_options()).await?;
     let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
     if let Err(error) = registry.add_builtins(&config.builtin_tools) {
         registry.shutdown().await;

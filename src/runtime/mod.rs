@@ -181,6 +181,12 @@ pub struct Runtime {
     draining: CancellationToken,
     /// Cancelled when the shutdown's grace has passed: runs stop where they are, resumable.
     stop: CancellationToken,
+    /// The database's clock minus this process's, in ms, measured at each lease renewal (0 on
+    /// a store one process uses): lease times are the database's, so a replica whose clock
+    /// runs ahead cannot take runs whose lease has not expired.
+    clock_offset_ms: std::sync::atomic::AtomicI64,
+    /// Whether a takeover scan is running (one at a time, beside the lease renewals).
+    scanning: std::sync::atomic::AtomicBool,
 }
 
 impl Runtime {
@@ -241,6 +247,8 @@ impl Runtime {
             owner,
             draining: CancellationToken::new(),
             stop: CancellationToken::new(),
+            clock_offset_ms: std::sync::atomic::AtomicI64::new(0),
+            scanning: std::sync::atomic::AtomicBool::new(false),
         });
         tokio::spawn(recovery::lease_loop(Arc::downgrade(&runtime), ttl));
         tokio::spawn(retention::sweep_loop(Arc::downgrade(&runtime)));
@@ -540,7 +548,7 @@ impl Runtime {
                 // it (or to whoever takes the run over).
                 let claimed = self
                     .store
-                    .claim_run(run_id, &self.lease(), store_now_ms())
+                    .claim_run(run_id, &self.lease(), self.store_now_ms())
                     .await?;
                 if claimed.is_some() {
                     let ended = match trail::RunTrail::load(self.store.as_ref(), run_id).await {
@@ -622,11 +630,6 @@ impl Runtime {
 
 /// How long a cancel of a run in `requires_action` waits for the run's end before it answers.
 const WAITING_CANCEL_BOUND: Duration = Duration::from_secs(10);
-
-/// Now in ms since the Unix epoch (lease expiries).
-fn store_now_ms() -> i64 {
-    crate::store::unix_ms(Utc::now())
-}
 
 /// SHA-256 of the request's canonical JSON without its idempotency key: what "the same body"
 /// means for a reused `client_request_id`.

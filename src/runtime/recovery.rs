@@ -5,6 +5,7 @@
 //! failed (`[runtime] recovery`). A run taken over has its log read once, into its trail: the
 //! run resumes from it (`resume.rs` decides where) or ends through the close-out (`end.rs`).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -25,8 +26,33 @@ impl Runtime {
         let ttl = i64::try_from(self.config.lease_ttl_ms).unwrap_or(i64::MAX);
         Lease {
             owner: self.owner.to_string(),
-            expires_ms: unix_ms(Utc::now()).saturating_add(ttl),
+            expires_ms: self.store_now_ms().saturating_add(ttl),
         }
+    }
+
+    /// Now on the database's clock (as last measured), ms since the Unix epoch: the time
+    /// leases are given and compared in.
+    pub(super) fn store_now_ms(&self) -> i64 {
+        unix_ms(Utc::now()).saturating_add(self.clock_offset_ms.load(Ordering::Relaxed))
+    }
+
+    /// Measures the database clock's offset from this process's (half the round trip
+    /// counted), for [`Self::store_now_ms`].
+    async fn measure_clock(&self) -> Result<(), StoreError> {
+        let before = unix_ms(Utc::now());
+        let Some(database) = self.store.database_now_ms().await? else {
+            return Ok(());
+        };
+        let after = unix_ms(Utc::now());
+        let offset = database - (before + (after - before) / 2);
+        let previous = self.clock_offset_ms.swap(offset, Ordering::Relaxed);
+        if (offset - previous).abs() > 1_000 {
+            tracing::warn!(
+                offset_ms = offset,
+                "this process's clock differs from the database's; lease times use the database's"
+            );
+        }
+        Ok(())
     }
 
     /// Takes over the runs left non-terminal by processes that are gone, and resumes or fails
@@ -46,7 +72,7 @@ impl Runtime {
         }
         let claimed = self
             .store
-            .claim_runs(&self.lease(), unix_ms(Utc::now()), all, CLAIM_BATCH)
+            .claim_runs(&self.lease(), self.store_now_ms(), all, CLAIM_BATCH)
             .await?;
         let count = claimed.len();
         for run in claimed {
@@ -174,11 +200,22 @@ fn trace_of(trail: &RunTrail, run_id: RunId) -> TraceContext {
 
 /// Renews this process's leases every third of the lease time, aborts local runs whose lease
 /// another process took, passes on cancels requested through the store, and takes over runs
-/// whose lease expired. Ends when the runtime is dropped or stops.
+/// whose lease expired (a scan in its own task: a slow scan never delays a renewal). Ends when
+/// the runtime is dropped or stops.
+///
+/// Fail-stop: on a shared database, when no renewal has confirmed the leases and the next
+/// tick would come after they expire, the local runs are stopped where they are (their model
+/// and tool calls too), before a peer may take them over; once a renewal succeeds again the
+/// runs still leased here are resumed from their logs.
 pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
-    let mut tick = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
+    let period = (ttl / 3).max(Duration::from_millis(100));
+    let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    // The expiry the last successful renewal gave this process's leases.
+    let mut confirmed_until: Option<i64> = None;
+    let mut fail_stopped: Vec<RunId> = Vec::new();
     loop {
         tick.tick().await;
         let Some(runtime) = runtime.upgrade() else {
@@ -186,6 +223,9 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
         };
         if runtime.stop.is_cancelled() {
             return;
+        }
+        if let Err(error) = runtime.measure_clock().await {
+            tracing::warn!(%error, "could not read the database's clock");
         }
         let lease = runtime.lease();
         // Only runs whose lease was committed before the renewal can be missing from it
@@ -196,12 +236,15 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
             .filter(|(_, run)| run.leased)
             .map(|(id, _)| *id)
             .collect();
-        match runtime
-            .store
-            .renew_leases(&lease.owner, lease.expires_ms)
-            .await
-        {
+        let renewed = tokio::time::timeout(
+            period,
+            runtime.store.renew_leases(&lease.owner, lease.expires_ms),
+        )
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Timeout("renewing the leases")));
+        match renewed {
             Ok(renewal) => {
+                confirmed_until = Some(lease.expires_ms);
                 let lost: Vec<RunId> = leased
                     .into_iter()
                     .filter(|id| !renewal.owned.contains(id))
@@ -223,12 +266,79 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
                         run.cancel.cancel();
                     }
                 }
+                fail_stopped = runtime
+                    .resume_fail_stopped(fail_stopped, &renewal.owned)
+                    .await;
             }
-            Err(error) => tracing::warn!(%error, "lease renewal failed"),
+            Err(error) => {
+                tracing::warn!(%error, "lease renewal failed");
+                let expiring = confirmed_until
+                    .is_none_or(|until| runtime.store_now_ms().saturating_add(period_ms) >= until);
+                if !runtime.store.single_process() && expiring {
+                    for run_id in leased {
+                        tracing::warn!(%run_id, "cannot confirm the run's lease before it expires; stopping it here (fail-stop)");
+                        runtime.abandon(run_id);
+                        if !fail_stopped.contains(&run_id) {
+                            fail_stopped.push(run_id);
+                        }
+                    }
+                }
+            }
         }
-        if let Err(error) = runtime.take_over(false).await {
-            tracing::warn!(%error, "recovery scan failed");
+        runtime.spawn_scan();
+    }
+}
+
+impl Runtime {
+    /// Starts a takeover scan unless one is running.
+    fn spawn_scan(self: &Arc<Self>) {
+        if self.scanning.swap(true, Ordering::AcqRel) {
+            return;
         }
+        let runtime = self.clone();
+        self.tasks.spawn(async move {
+            if let Err(error) = runtime.take_over(false).await {
+                tracing::warn!(%error, "recovery scan failed");
+            }
+            runtime.scanning.store(false, Ordering::Release);
+        });
+    }
+
+    /// Resumes the runs a fail-stop stopped that this process still holds (the renewal just
+    /// extended their leases); returns those still stopping (retried at the next tick).
+    async fn resume_fail_stopped(
+        self: &Arc<Self>,
+        runs: Vec<RunId>,
+        owned: &[RunId],
+    ) -> Vec<RunId> {
+        let mut waiting = Vec::new();
+        for run_id in runs {
+            if !owned.contains(&run_id) {
+                continue;
+            }
+            if self.active().contains_key(&run_id) {
+                waiting.push(run_id);
+                continue;
+            }
+            match self
+                .store
+                .claim_run(run_id, &self.lease(), self.store_now_ms())
+                .await
+            {
+                Ok(Some(claimed)) => {
+                    tracing::info!(%run_id, "the leases are confirmed again; resuming the run");
+                    if let Err(error) = self.adopt(claimed).await {
+                        tracing::error!(%run_id, %error, "could not resume the run");
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(%run_id, %error, "could not resume the run yet");
+                    waiting.push(run_id);
+                }
+            }
+        }
+        waiting
     }
 }
 

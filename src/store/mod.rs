@@ -9,6 +9,7 @@ mod sql;
 mod sqlite;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -92,6 +93,9 @@ pub enum StoreError {
     /// The run is not terminal (its snapshot cannot be deleted yet).
     #[error("run {0} is still active")]
     RunActive(RunId),
+    /// The database did not answer in time (what was being done).
+    #[error("the database did not answer in time ({0})")]
+    Timeout(&'static str),
 }
 
 /// Reads of each run's event log ([`Store::read_events`] calls), counted in the crate's unit
@@ -573,6 +577,11 @@ pub trait LeaseStore: Send + Sync {
         now_ms: i64,
     ) -> StoreResult<Option<ClaimedRun>>;
 
+    /// The database's clock, ms since the Unix epoch, for lease times that every replica reads
+    /// the same (PostgreSQL's `clock_timestamp()`); `None` for a store one process uses, whose
+    /// clock is the process's.
+    async fn database_now_ms(&self) -> StoreResult<Option<i64>>;
+
     /// Extends the lease of every active run `owner` holds to `expires_ms`.
     async fn renew_leases(&self, owner: &str, expires_ms: i64) -> StoreResult<LeaseRenewal>;
 
@@ -694,11 +703,51 @@ pub trait RetentionStore: Send + Sync {
 /// # Errors
 /// [`StoreError::UnsupportedUrl`], or the connection/migration error.
 pub async fn connect(url: &str) -> StoreResult<Arc<dyn Store>> {
+    connect_with(url, &ConnectOptions::default()).await
+}
+
+/// [`connect`] with the pool's size and, on PostgreSQL, each connection's time limits.
+///
+/// # Errors
+/// [`StoreError::UnsupportedUrl`], or the connection/migration error.
+pub async fn connect_with(url: &str, options: &ConnectOptions) -> StoreResult<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url).await?))
+        Ok(Arc::new(SqliteStore::connect_with(url, options).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(Arc::new(PostgresStore::connect(url).await?))
+        Ok(Arc::new(PostgresStore::connect_with(url, options).await?))
     } else {
         Err(StoreError::UnsupportedUrl)
+    }
+}
+
+/// How the store's pool connects (`[database]` in the configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Connections in the pool at most; `None`: 16 on PostgreSQL, 8 on SQLite.
+    pub max_connections: Option<u32>,
+    /// A connection idle this long is closed (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// PostgreSQL `statement_timeout`: a statement running longer is cancelled.
+    pub statement_timeout: Duration,
+    /// PostgreSQL `lock_timeout`: a statement waiting longer for a lock fails.
+    pub lock_timeout: Duration,
+    /// PostgreSQL `idle_in_transaction_session_timeout`: a session idle this long inside a
+    /// transaction (its process frozen or gone) is ended by the server, releasing its locks.
+    pub idle_in_transaction_timeout: Duration,
+    /// PostgreSQL `tcp_keepalives_idle`: the server probes a silent client connection after
+    /// this long (then every 10 s, 3 times), so a vanished replica's locks are released.
+    pub tcp_keepalive_idle: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: None,
+            idle_timeout: Some(Duration::from_secs(600)),
+            statement_timeout: Duration::from_secs(30),
+            lock_timeout: Duration::from_secs(5),
+            idle_in_transaction_timeout: Duration::from_secs(10),
+            tcp_keepalive_idle: Duration::from_secs(30),
+        }
     }
 }

@@ -3,9 +3,9 @@
 use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 
-use super::StoreResult;
+use super::{ConnectOptions, StoreResult};
 
 /// A pooled connection idle for longer than this is pinged before it is used again (the
 /// server may have closed it meanwhile).
@@ -28,18 +28,48 @@ impl PostgresStore {
     /// once (two transactions that share-locked it first would deadlock upgrading), without
     /// blocking inserts elsewhere that reference it by foreign key.
     pub(super) const ROW_LOCK_NO_KEY_UPDATE: &str = " FOR NO KEY UPDATE";
+    /// Rows a scan claims are locked for the update, skipping rows another transaction holds
+    /// (a claim never waits on another replica's locks).
+    pub(super) const SKIP_LOCKED: &str = " FOR UPDATE SKIP LOCKED";
 
-    /// Connects to a `postgres://` URL and migrates the database.
+    /// Connects to a `postgres://` URL and migrates the database, with the default
+    /// [`ConnectOptions`].
     ///
     /// # Errors
     /// When the server is unreachable or a migration fails.
     pub async fn connect(url: &str) -> StoreResult<Self> {
-        let options = PgConnectOptions::from_str(url)?;
+        Self::connect_with(url, &ConnectOptions::default()).await
+    }
+
+    /// Connects to a `postgres://` URL and migrates the database. Every pooled connection gets
+    /// the options' `statement_timeout`, `lock_timeout`, `idle_in_transaction_session_timeout`
+    /// and server-side TCP keepalives (one `SET` round trip when it opens), so a replica frozen
+    /// or cut off inside a transaction holds its locks for a bounded time. Migrations run on a
+    /// connection of their own without these limits (a migration may rewrite a large table).
+    ///
+    /// # Errors
+    /// When the server is unreachable or a migration fails.
+    pub async fn connect_with(url: &str, options: &ConnectOptions) -> StoreResult<Self> {
+        let connect = PgConnectOptions::from_str(url)?;
+        {
+            let mut migrating = PgConnection::connect_with(&connect).await?;
+            super::migrate(&sqlx::migrate!("./migrations/postgres"), &mut migrating).await?;
+            migrating.close().await?;
+        }
+        // One string per pool, for the pool's life (the hook's future must not borrow it).
+        let limits: &'static str = Box::leak(session_limits(options).into_boxed_str());
         // A connection is checked (a round trip) only after it sat idle: checking before
         // every query, sqlx's default, doubles the round trips of a busy pool.
         let pool = PgPoolOptions::new()
-            .max_connections(16)
+            .max_connections(options.max_connections.unwrap_or(16))
+            .idle_timeout(options.idle_timeout)
             .test_before_acquire(false)
+            .after_connect(move |connection, _| {
+                Box::pin(async move {
+                    sqlx::Executor::execute(connection, limits).await?;
+                    Ok(())
+                })
+            })
             .before_acquire(|connection, meta| {
                 Box::pin(async move {
                     if meta.idle_for > IDLE_CHECK_AFTER {
@@ -48,17 +78,33 @@ impl PostgresStore {
                     Ok(true)
                 })
             })
-            .connect_with(options)
+            .connect_with(connect)
             .await?;
-        super::migrate(
-            &sqlx::migrate!("./migrations/postgres"),
-            &mut *pool.acquire().await?,
-        )
-        .await?;
         Ok(Self { pool })
+    }
+
+    /// The connection pool (for tools and tests that inspect its connections).
+    #[must_use]
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
     }
 
     pub(super) async fn begin_write(&self) -> StoreResult<Transaction<'static, Postgres>> {
         Ok(self.pool.begin().await?)
     }
+}
+
+/// The `SET` statements giving a pooled connection the options' limits (ms; `0` turns one off,
+/// as in PostgreSQL).
+fn session_limits(options: &ConnectOptions) -> String {
+    let ms = |duration: std::time::Duration| duration.as_millis();
+    format!(
+        "SET statement_timeout = {}; SET lock_timeout = {}; \
+         SET idle_in_transaction_session_timeout = {}; SET tcp_keepalives_idle = {}; \
+         SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3",
+        ms(options.statement_timeout),
+        ms(options.lock_timeout),
+        ms(options.idle_in_transaction_timeout),
+        options.tcp_keepalive_idle.as_secs().max(1),
+    )
 }

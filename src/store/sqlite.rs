@@ -58,12 +58,23 @@ impl SqliteStore {
     pub(super) const ROW_LOCK_UPDATE: &str = "";
     /// No row locks (see `ROW_LOCK_UPDATE`).
     pub(super) const ROW_LOCK_NO_KEY_UPDATE: &str = "";
+    /// No row locks (see `ROW_LOCK_UPDATE`).
+    pub(super) const SKIP_LOCKED: &str = "";
 
     /// Opens (creating when missing) the database at a `sqlite://PATH` URL and migrates it.
     ///
     /// # Errors
     /// When the file cannot be opened or a migration fails.
     pub async fn connect(url: &str) -> StoreResult<Self> {
+        Self::connect_with(url, &super::ConnectOptions::default()).await
+    }
+
+    /// [`Self::connect`] with the pool's size and idle timeout from `pool` (PostgreSQL's time
+    /// limits do not apply: one process, and `busy_timeout` bounds a wait for the writer).
+    ///
+    /// # Errors
+    /// When the file cannot be opened or a migration fails.
+    pub async fn connect_with(url: &str, pool: &super::ConnectOptions) -> StoreResult<Self> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
@@ -73,7 +84,8 @@ impl SqliteStore {
         // A connection to a file in this process does not break while idle: no ping before
         // each use (sqlx's default, a round trip to the connection's thread).
         let pool = SqlitePoolOptions::new()
-            .max_connections(8)
+            .max_connections(pool.max_connections.unwrap_or(8))
+            .idle_timeout(pool.idle_timeout)
             .test_before_acquire(false)
             .connect_with(options)
             .await?;

@@ -48,6 +48,8 @@ mod ops;
 #[cfg(test)]
 mod provider_runtime;
 #[cfg(test)]
+mod replicas;
+#[cfg(test)]
 mod restart;
 #[cfg(test)]
 mod retry;

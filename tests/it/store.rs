@@ -463,18 +463,17 @@ async fn one_active_run_per_session_and_idempotency_keys(backend: Backend) {
     db.cleanup().await;
 }
 
-fn lease(owner: &str, expires_ms: i64) -> behest::store::Lease {
+pub(crate) fn lease(owner: &str, expires_ms: i64) -> behest::store::Lease {
     behest::store::Lease {
         owner: owner.to_owned(),
         expires_ms,
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
-/// A run created by `owner` with a lease expiring at `expires_ms`.
 /// Inputs to one idle session from several processes at once (each its own pool, as replicas
 /// behind a load balancer): one run starts, every other gets `SessionBusy` naming it — never a
 /// database error (PostgreSQL's deadlock detector ended the loser's transaction when both took a
@@ -517,7 +516,8 @@ async fn concurrent_inputs_to_one_session_are_busy_never_an_error(backend: Backe
     }
 }
 
-async fn leased_run(store: &dyn Store, owner: &str, expires_ms: i64) -> RunId {
+/// A run created by `owner` with a lease expiring at `expires_ms`.
+pub(crate) async fn leased_run(store: &dyn Store, owner: &str, expires_ms: i64) -> RunId {
     let mut run = new_run(SessionId::new(), true);
     run.lease = Some(lease(owner, expires_ms));
     store.create_run(&run).await.unwrap();

@@ -41,12 +41,15 @@ macro_rules! impl_lease_store {
                 limit: u32,
             ) -> StoreResult<Vec<ClaimedRun>> {
                 let mut tx = self.begin_write().await?;
-                let candidates: Vec<uuid::Uuid> = sqlx::query_scalar(
+                // Rows another transaction holds (a replica frozen mid-write) are skipped, not
+                // waited for: the next scan sees them once that transaction ended.
+                let candidates: Vec<uuid::Uuid> = sqlx::query_scalar(&format!(
                     "SELECT id FROM runs WHERE status NOT IN ('completed', 'failed', 'cancelled') \
                      AND (lease_owner IS NULL OR lease_owner <> $1) \
                      AND ($2 OR lease_owner IS NULL OR lease_expires_ms IS NULL OR lease_expires_ms < $3) \
-                     ORDER BY id LIMIT $4",
-                )
+                     ORDER BY id LIMIT $4{}",
+                    Self::SKIP_LOCKED
+                ))
                 .bind(&lease.owner)
                 .bind(all)
                 .bind(now_ms)
@@ -134,6 +137,18 @@ macro_rules! impl_lease_store {
                     }
                 }
                 Ok(renewal)
+            }
+
+            async fn database_now_ms(&self) -> StoreResult<Option<i64>> {
+                if Self::SINGLE_PROCESS {
+                    return Ok(None);
+                }
+                let now: i64 = sqlx::query_scalar(
+                    "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+                )
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(Some(now))
             }
 
             async fn release_leases(&self, owner: &str) -> StoreResult<()> {

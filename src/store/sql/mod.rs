@@ -3,8 +3,8 @@
 //! the file's end for [`SqliteStore`](super::SqliteStore) and
 //! [`PostgresStore`](super::PostgresStore) (the queries are the same text; sqlx's types differ).
 //! What differs between the backends is small and named in `sqlite.rs` and `postgres.rs`:
-//! `begin_write`, `ROW_LOCK`, `ROW_LOCK_UPDATE`, `ROW_LOCK_NO_KEY_UPDATE` and `SINGLE_PROCESS`. JSON is stored as text on
-//! both backends so it reads back byte for byte.
+//! `begin_write`, `ROW_LOCK`, `ROW_LOCK_UPDATE`, `ROW_LOCK_NO_KEY_UPDATE`, `SKIP_LOCKED` and
+//! `SINGLE_PROCESS`. JSON is stored as text on both backends so it reads back byte for byte.
 //!
 //! - `runs.rs`: creating runs (admission), reading them, their status and progress.
 //! - `events.rs`: appending to a run's event log (fenced by leases) and reading it.
