@@ -4,6 +4,7 @@
 //! environment, `env` {} → structured `{"vars": {NAME: value, …}}`, its whole environment (the
 //! isolation test reads it). `tools/list` answers in two pages (exercises pagination).
 //! When `BEHEST_MCP_FIXTURE_LOG` names a file, it appends `called <tool>` for every call and
+//! `key <tool> <key>` for a call whose `_meta` carries `behest/idempotencyKey`, and
 //! `cancelled <request id>` when a `sleep` is stopped by `notifications/cancelled`; the binary
 //! also logs `started <pid>` so tests can check that the process is gone after shutdown.
 
@@ -125,6 +126,14 @@ impl ServerHandler for Fixture {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         self.record(&format!("called {}", request.name));
+        // rmcp moves the request's `_meta` into the context.
+        if let Some(key) = context
+            .meta
+            .get("behest/idempotencyKey")
+            .and_then(Value::as_str)
+        {
+            self.record(&format!("key {} {key}", request.name));
+        }
         let arguments = request.arguments.as_ref();
         let result = match request.name.as_ref() {
             "add" => {

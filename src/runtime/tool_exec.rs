@@ -183,8 +183,11 @@ async fn run_tool(
     } else if allowed {
         let timeout_ms = record.tool_timeout_ms.unwrap_or(config.tool_timeout_ms);
         let timeout = Duration::from_millis(timeout_ms);
-        match tokio::time::timeout(timeout, runtime.tools().call(&call.name, &call.arguments)).await
-        {
+        let key = crate::tools::idempotency_key(record.id, &call.id);
+        let execution = runtime
+            .tools()
+            .call_keyed(&call.name, &call.arguments, Some(&key));
+        match tokio::time::timeout(timeout, execution).await {
             Ok(result) => result.map_err(|error| {
                 let error_type = match &error {
                     ToolError::UnknownTool(_) => "tool_not_found",

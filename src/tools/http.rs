@@ -53,16 +53,22 @@ impl HttpTool {
         })
     }
 
-    /// POSTs `arguments`; dropping the future aborts the request.
+    /// POSTs `arguments`, with `Idempotency-Key` when given; dropping the future aborts the
+    /// request.
     pub(super) async fn call(
         &self,
         arguments: &serde_json::Value,
+        idempotency_key: Option<&str>,
     ) -> Result<serde_json::Value, ToolError> {
-        let response = self
+        let mut request = self
             .client
             .post(&self.url)
             .headers(self.headers.clone())
-            .json(arguments)
+            .json(arguments);
+        if let Some(key) = idempotency_key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request
             .send()
             .await
             .map_err(|e| self.failed(&format!("request failed: {e}")))?;

@@ -151,8 +151,23 @@ fn child_env(
 impl McpServer {
     /// Sends `tools/call`. rmcp's `Peer::call_tool` holds a drop guard on the request: dropping
     /// this future before the response sends `notifications/cancelled` with the request id.
-    pub(super) async fn call(&self, tool: &str, arguments: JsonObject) -> Result<Value, ToolError> {
-        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+    /// The idempotency key, when given, is sent in the request's `_meta` as
+    /// `behest/idempotencyKey`.
+    pub(super) async fn call(
+        &self,
+        tool: &str,
+        arguments: JsonObject,
+        idempotency_key: Option<&str>,
+    ) -> Result<Value, ToolError> {
+        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        if let Some(key) = idempotency_key {
+            let mut meta = JsonObject::new();
+            meta.insert(
+                "behest/idempotencyKey".to_owned(),
+                Value::String(key.to_owned()),
+            );
+            params.meta = Some(meta.into());
+        }
         let result = self
             .peer
             .call_tool(params)

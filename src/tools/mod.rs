@@ -373,6 +373,22 @@ impl ToolRegistry {
         name: &str,
         arguments: &serde_json::Value,
     ) -> Result<serde_json::Value, ToolError> {
+        self.call_keyed(name, arguments, None).await
+    }
+
+    /// [`Self::call`] with the execution's idempotency key (see [`idempotency_key`]), sent as
+    /// an HTTP tool's `Idempotency-Key` header and in an MCP call's `_meta` as
+    /// `behest/idempotencyKey`: the same for every execution of one call, a re-run after a
+    /// takeover included, so the tool can return its first result instead of acting twice.
+    ///
+    /// # Errors
+    /// As [`Self::call`].
+    pub async fn call_keyed(
+        &self,
+        name: &str,
+        arguments: &serde_json::Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<serde_json::Value, ToolError> {
         let tool = self
             .tools
             .get(name)
@@ -386,9 +402,9 @@ impl ToolRegistry {
                         reason: "arguments must be a JSON object".to_owned(),
                     });
                 };
-                server.call(name, arguments.clone()).await
+                server.call(name, arguments.clone(), idempotency_key).await
             }
-            Backend::Http(http) => http.call(arguments).await,
+            Backend::Http(http) => http.call(arguments, idempotency_key).await,
             Backend::Builtin(tool) => tool.call(arguments),
         }
     }
@@ -444,4 +460,17 @@ pub fn check_arguments(
             reason: violations.join("; "),
         })
     }
+}
+
+/// The idempotency key of one tool call's executions: `<run id>:<call id>` (the call id as the
+/// model gave it, percent-encoded where it holds characters a header cannot carry: control
+/// characters, space, `%`, non-ASCII). Stable across a takeover, so a tool re-run after a
+/// failover sees the key of its first execution.
+#[must_use]
+pub fn idempotency_key(run_id: crate::domain::RunId, call_id: &str) -> String {
+    const UNSAFE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b' ').add(b'%');
+    format!(
+        "{run_id}:{}",
+        percent_encoding::utf8_percent_encode(call_id, UNSAFE)
+    )
 }

@@ -1043,6 +1043,19 @@ async fn crash_at(backend: Backend, point: KillPoint, recovery: Recovery) {
                             executions, 2,
                             "{marker}: an idempotent tool cut mid-call runs again"
                         );
+                        let keys: Vec<Option<String>> = h
+                            .tools
+                            .executions()
+                            .into_iter()
+                            .filter(|e| e.marker == marker)
+                            .map(|e| e.idempotency_key)
+                            .collect();
+                        let key = format!("{}:{call_id}", run.run_id);
+                        assert_eq!(
+                            keys,
+                            vec![Some(key.clone()), Some(key)],
+                            "{marker}: both executions carry the call's idempotency key"
+                        );
                     } else {
                         assert_eq!(
                             executions, 1,

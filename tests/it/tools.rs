@@ -313,7 +313,8 @@ async fn a_server_that_cannot_start_is_named() {
 
 // --- HTTP tools ---------------------------------------------------------------------------
 
-/// A local HTTP tool server: `/echo` answers `{"got": body, "key": x-api-key}`, `/boom` 500s,
+/// A local HTTP tool server: `/echo` answers `{"got": body, "key": x-api-key,
+/// "idempotency_key": Idempotency-Key}`, `/boom` 500s,
 /// `/text` answers plain text.
 async fn http_tool_server() -> String {
     async fn echo(headers: HeaderMap, Json(body): Json<Value>) -> Json<Value> {
@@ -321,7 +322,11 @@ async fn http_tool_server() -> String {
             .get("x-api-key")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        Json(json!({"got": body, "key": key}))
+        let idempotency_key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Json(json!({"got": body, "key": key, "idempotency_key": idempotency_key}))
     }
     let app = axum::Router::new()
         .route("/echo", post(echo))
@@ -386,7 +391,10 @@ async fn http_tools_post_arguments_and_map_responses() {
         .call("lookup", &json!({"q": "rust"}))
         .await
         .unwrap();
-    assert_eq!(result, json!({"got": {"q": "rust"}, "key": "k-123"}));
+    assert_eq!(
+        result,
+        json!({"got": {"q": "rust"}, "key": "k-123", "idempotency_key": null})
+    );
 
     let Err(ToolError::Failed(message)) = registry.call("broken", &json!({"q": "x"})).await else {
         panic!("a 500 must fail");
@@ -624,4 +632,42 @@ async fn idempotent_tools_must_be_tools_of_their_server() {
         matches!(&error, ToolSetupError::Invalid(m) if m.contains("idempotent_tools") && m.contains("`nope`") && m.contains("add, echo, fail, sleep")),
         "{message}"
     );
+}
+
+/// Each execution carries its call's idempotency key (`<run id>:<call id>`, unsafe characters
+/// percent-encoded): an HTTP tool as `Idempotency-Key`, an MCP tool in `_meta`.
+#[tokio::test]
+async fn tool_executions_carry_their_idempotency_key() {
+    let run_id = behest::domain::RunId(uuid::Uuid::now_v7());
+    let key = behest::tools::idempotency_key(run_id, "call_1");
+    assert_eq!(key, format!("{run_id}:call_1"));
+    assert_eq!(
+        behest::tools::idempotency_key(run_id, "a b%\u{7}é"),
+        format!("{run_id}:a%20b%25%07%C3%A9")
+    );
+
+    let base = http_tool_server().await;
+    let tools = BTreeMap::from([("lookup".to_owned(), http_tool(format!("{base}/echo"), &[]))]);
+    let registry = ToolRegistry::connect(&BTreeMap::new(), &tools)
+        .await
+        .unwrap();
+    let keyed = registry
+        .call_keyed("lookup", &json!({"q": "x"}), Some(&key))
+        .await
+        .unwrap();
+    assert_eq!(keyed["idempotency_key"], json!(key));
+    let plain = registry.call("lookup", &json!({"q": "x"})).await.unwrap();
+    assert_eq!(plain["idempotency_key"], Value::Null);
+
+    let fixture = Fixture::stdio().await;
+    fixture
+        .registry
+        .call_keyed("echo", &json!({"text": "hi"}), Some(&key))
+        .await
+        .unwrap();
+    let line = fixture
+        .wait_for_line("key echo", Duration::from_secs(5))
+        .await;
+    assert_eq!(line, Some(format!("key echo {key}")));
+    fixture.registry.shutdown().await;
 }

@@ -242,6 +242,8 @@ pub struct Execution {
     pub marker: String,
     /// The tool answered (false: still running, or its caller went away first).
     pub finished: bool,
+    /// Its `Idempotency-Key` header.
+    pub idempotency_key: Option<String>,
 }
 
 /// An HTTP tool server on `127.0.0.1:0`: `POST /tools/{name}` with `{"marker", "sleep_ms"?}`
@@ -317,6 +319,7 @@ impl Drop for ToolServer {
 async fn execute(
     State(state): State<Arc<ToolState>>,
     Path(tool): Path<String>,
+    headers: axum::http::HeaderMap,
     Json(arguments): Json<Value>,
 ) -> Json<Value> {
     let marker = arguments["marker"].as_str().unwrap_or_default().to_owned();
@@ -326,6 +329,10 @@ async fn execute(
             tool: tool.clone(),
             marker: marker.clone(),
             finished: false,
+            idempotency_key: headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
         });
         executions.len() - 1
     };
