@@ -206,6 +206,7 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
     let tools = Arc::new(registry);
     let runtime = runtime(&config, store, tools.clone())?;
     runtime.warn_unfit_models().await;
+    runtime.listen().await?;
     runtime.recover().await?;
     tracing::info!(
         address = %listener.local_addr()?,

@@ -27,7 +27,7 @@ use crate::domain::{
 };
 use crate::events::{EventPayload, ToolExecutionResult, ToolFailure, ToolSuccess};
 use crate::provider::{ModelRequest, ToolSpec};
-use crate::store::{RunChange, StoreError, SubmitOutcome};
+use crate::store::{RunChange, Signal, StoreError, SubmitOutcome};
 
 use super::event_log::LogError;
 
@@ -897,8 +897,10 @@ impl Runtime {
                 return Err(AnswerError::AlreadyAnswered(call_id));
             }
         }
-        if let Some(run) = self.active().get(&run_id) {
-            run.answered.notify_waiters();
+        let local = self.active().get(&run_id).map(|run| run.answered.clone());
+        match local {
+            Some(answered) => answered.notify_waiters(),
+            None => self.send_signal(Signal::Answers(run_id)).await,
         }
         Ok(self.store.get_run(run_id).await?.unwrap_or(record))
     }

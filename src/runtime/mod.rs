@@ -14,6 +14,7 @@ mod resume;
 mod retention;
 mod run_loop;
 mod sessions;
+mod signals;
 pub mod tokens;
 mod tool_exec;
 pub mod trail;
@@ -34,7 +35,7 @@ use crate::domain::{
 };
 use crate::events::{EventFeed, EventFrame};
 use crate::provider::Provider;
-use crate::store::{NewRun, Store, StoreError};
+use crate::store::{NewRun, Signal, Store, StoreError};
 use crate::tools::ToolRegistry;
 
 pub use agents::{Answer, AnswerError};
@@ -187,6 +188,8 @@ pub struct Runtime {
     clock_offset_ms: std::sync::atomic::AtomicI64,
     /// Whether a takeover scan is running (one at a time, beside the lease renewals).
     scanning: std::sync::atomic::AtomicBool,
+    /// Other replicas' signals: wake-ups of watchers of runs executing elsewhere.
+    signals: signals::Signals,
 }
 
 impl Runtime {
@@ -249,6 +252,7 @@ impl Runtime {
             stop: CancellationToken::new(),
             clock_offset_ms: std::sync::atomic::AtomicI64::new(0),
             scanning: std::sync::atomic::AtomicBool::new(false),
+            signals: signals::Signals::default(),
         });
         tokio::spawn(recovery::lease_loop(Arc::downgrade(&runtime), ttl));
         tokio::spawn(retention::sweep_loop(Arc::downgrade(&runtime)));
@@ -534,6 +538,8 @@ impl Runtime {
                 // refused (`run_not_waiting`) instead of accepted and dropped.
                 self.store.request_cancel(run_id).await?;
                 token.cancel();
+                // This process may have just lost the run: its new owner hears it at once.
+                self.send_signal(Signal::Cancel(run_id)).await;
                 if record.status == RunStatus::RequiresAction {
                     // Nothing runs in a waiting run: it ends at once, and the answer comes
                     // after its end, so the session's next input is accepted.
@@ -563,6 +569,7 @@ impl Runtime {
                     }
                 } else {
                     self.store.request_cancel(run_id).await?;
+                    self.send_signal(Signal::Cancel(run_id)).await;
                 }
             }
         }
@@ -589,7 +596,8 @@ impl Runtime {
         after: u64,
     ) -> impl Stream<Item = Result<Arc<EventFrame>, StoreError>> + Send + 'static {
         let live = self.log.feed().subscribe(run_id);
-        watch::watch(self.store.clone(), run_id, live, after)
+        let wakeup = self.signals.wakeup(run_id);
+        watch::watch(self.store.clone(), run_id, live, wakeup, after)
     }
 
     /// Stops admitting runs; each active run stops at its next boundary (before its next model

@@ -5,6 +5,11 @@
 //!
 //! A watcher holds no copy of the log: live events are the feed's shared frames, and a replay
 //! page is rendered one event at a time and released once sent.
+//!
+//! A run not live in this process (executing on another replica) is read from the store when
+//! a signal says its events were committed (`signals.rs`), and every [`FALLBACK_CHECK`] in
+//! case a signal was lost; without a listener (a store one process uses), every
+//! [`POLL_INTERVAL`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,19 +17,23 @@ use std::time::Duration;
 use futures::Stream;
 use tokio::sync::broadcast::error::RecvError;
 
+use super::signals::Wakeup;
 use crate::domain::RunId;
 use crate::events::{EventFrame, FeedSubscription, LoggedEvent};
 use crate::store::{Store, StoreError};
 
 /// Events read from the store per query.
 const PAGE: u32 = 512;
-/// How often a run that is not live in this process is polled in the store.
+/// How often a run that is not live in this process is polled in the store, without signals.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// How often a watcher woken by signals reads the store all the same (a lost signal).
+const FALLBACK_CHECK: Duration = Duration::from_secs(5);
 
 struct Watch {
     store: Arc<dyn Store>,
     run_id: RunId,
     live: Option<FeedSubscription>,
+    wakeup: Option<Wakeup>,
     last_sent: u64,
     /// The rest of the store page being replayed.
     replay: std::vec::IntoIter<LoggedEvent>,
@@ -38,12 +47,14 @@ pub fn watch(
     store: Arc<dyn Store>,
     run_id: RunId,
     live: Option<FeedSubscription>,
+    wakeup: Option<Wakeup>,
     after: u64,
 ) -> impl Stream<Item = Result<Arc<EventFrame>, StoreError>> + Send + 'static {
     let watch = Watch {
         store,
         run_id,
         live,
+        wakeup,
         last_sent: after,
         replay: Vec::new().into_iter(),
         read_store: true,
@@ -88,6 +99,9 @@ impl Watch {
                 return Some(Ok(Arc::new(frame)));
             }
             if self.read_store {
+                if let Some(wakeup) = self.wakeup.as_mut() {
+                    wakeup.seen();
+                }
                 let page = match self
                     .store
                     .read_events(self.run_id, self.last_sent, PAGE)
@@ -110,8 +124,17 @@ impl Watch {
                 continue;
             }
             let Some(live) = self.live.as_mut() else {
-                // Not live here (finished, or executing elsewhere): poll the store.
-                tokio::time::sleep(POLL_INTERVAL).await;
+                // Not live here (finished, or executing elsewhere): read the store when
+                // signalled, else poll it.
+                match self.wakeup.as_mut() {
+                    Some(wakeup) => {
+                        tokio::select! {
+                            () = wakeup.changed() => {}
+                            () = tokio::time::sleep(FALLBACK_CHECK) => {}
+                        }
+                    }
+                    None => tokio::time::sleep(POLL_INTERVAL).await,
+                }
                 self.read_store = true;
                 continue;
             };

@@ -21,7 +21,7 @@ use crate::domain::{
 };
 use crate::events::LoggedEvent;
 
-pub use postgres::PostgresStore;
+pub use postgres::{PostgresStore, SignalListener};
 pub use sqlite::SqliteStore;
 
 /// Applies the `migrator`'s pending migrations on `conn` and logs each one applied (`applied
@@ -93,6 +93,9 @@ pub enum StoreError {
     /// The run is not terminal (its snapshot cannot be deleted yet).
     #[error("run {0} is still active")]
     RunActive(RunId),
+    /// Notifications sent through the database do not arrive on a listening connection.
+    #[error("{0}")]
+    SignalsUnavailable(String),
     /// The database did not answer in time (what was being done).
     #[error("the database did not answer in time ({0})")]
     Timeout(&'static str),
@@ -582,6 +585,19 @@ pub trait LeaseStore: Send + Sync {
     /// clock is the process's.
     async fn database_now_ms(&self) -> StoreResult<Option<i64>>;
 
+    /// Sends `signal` to every replica listening (PostgreSQL `NOTIFY`); nothing on a store one
+    /// process uses.
+    async fn send_signal(&self, signal: Signal) -> StoreResult<()>;
+
+    /// This process's listener for other replicas' [`Signal`]s (one connection), checked by a
+    /// probe: a signal sent through the pool must arrive within 2 s. `None` on a store one
+    /// process uses.
+    ///
+    /// # Errors
+    /// [`StoreError::SignalsUnavailable`] when the probe does not arrive (e.g. through a
+    /// transaction-mode pooler, which does not carry `LISTEN`), or the connection's error.
+    async fn listen(&self) -> StoreResult<Option<SignalListener>>;
+
     /// Extends the lease of every active run `owner` holds to `expires_ms`.
     async fn renew_leases(&self, owner: &str, expires_ms: i64) -> StoreResult<LeaseRenewal>;
 
@@ -748,6 +764,47 @@ impl Default for ConnectOptions {
             lock_timeout: Duration::from_secs(5),
             idle_in_transaction_timeout: Duration::from_secs(10),
             tcp_keepalive_idle: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A wake-up one replica sends the others through the database (PostgreSQL `NOTIFY` on the
+/// channel `behest`, payload `<kind> <run id>`): a hint that something changed, never the
+/// change itself — the store stays the source of truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Events of the run were committed.
+    Events(RunId),
+    /// A cancel of the run was recorded.
+    Cancel(RunId),
+    /// Answers to the run's required action were recorded.
+    Answers(RunId),
+}
+
+impl Signal {
+    /// The `NOTIFY` channel.
+    pub const CHANNEL: &str = "behest";
+
+    /// The notification's payload.
+    #[must_use]
+    pub fn payload(self) -> String {
+        match self {
+            Self::Events(run) => format!("events {run}"),
+            Self::Cancel(run) => format!("cancel {run}"),
+            Self::Answers(run) => format!("answers {run}"),
+        }
+    }
+
+    /// A payload read back; `None` for another kind (a probe, a newer version's).
+    #[must_use]
+    pub fn parse(payload: &str) -> Option<Self> {
+        let (kind, run) = payload.split_once(' ')?;
+        let run = RunId(uuid::Uuid::parse_str(run).ok()?);
+        match kind {
+            "events" => Some(Self::Events(run)),
+            "cancel" => Some(Self::Cancel(run)),
+            "answers" => Some(Self::Answers(run)),
+            _ => None,
         }
     }
 }

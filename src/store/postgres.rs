@@ -2,10 +2,13 @@
 
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 
-use super::{ConnectOptions, StoreResult};
+use super::{ConnectOptions, Signal, StoreError, StoreResult};
+
+/// How long the listener's probe waits for its own notification.
+const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A pooled connection idle for longer than this is pinged before it is used again (the
 /// server may have closed it meanwhile).
@@ -89,6 +92,61 @@ impl PostgresStore {
         &self.pool
     }
 
+    /// Notifies every listening replica of `signals` when `tx` commits (nothing when it rolls
+    /// back).
+    pub(super) async fn signal_in(
+        tx: &mut Transaction<'static, Postgres>,
+        signals: impl IntoIterator<Item = Signal> + Send,
+    ) -> StoreResult<()> {
+        let payloads: Vec<String> = signals.into_iter().map(Signal::payload).collect();
+        if payloads.is_empty() {
+            return Ok(());
+        }
+        let mut notify = sqlx::QueryBuilder::<Postgres>::new("SELECT pg_notify(");
+        notify.push_bind(Signal::CHANNEL).push(", payload) FROM (");
+        notify.push_values(&payloads, |mut row, payload| {
+            row.push_bind(payload.as_str());
+        });
+        notify.push(") AS signals (payload)");
+        notify.build().execute(&mut **tx).await?;
+        Ok(())
+    }
+
+    /// A listener on its own connection, checked by a probe (see
+    /// [`LeaseStore::listen`](super::LeaseStore::listen)).
+    pub(super) async fn signal_listener(&self) -> StoreResult<Option<SignalListener>> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.ignore_pool_close_event(true);
+        listener.listen(Signal::CHANNEL).await?;
+        let probe = format!("probe {}", uuid::Uuid::now_v7());
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(Signal::CHANNEL)
+            .bind(&probe)
+            .execute(&self.pool)
+            .await?;
+        let arrived = tokio::time::timeout(PROBE_WAIT, async {
+            loop {
+                match listener.recv().await {
+                    Ok(notification) if notification.payload() == probe => return Ok(()),
+                    Ok(_) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+        })
+        .await;
+        match arrived {
+            Ok(Ok(())) => Ok(Some(SignalListener { listener })),
+            Ok(Err(error)) => Err(error.into()),
+            Err(_) => Err(StoreError::SignalsUnavailable(format!(
+                "a notification sent through the database did not arrive on a listening \
+                 connection within {} s: replicas need PostgreSQL LISTEN/NOTIFY (connect to \
+                 the server directly or through a session-mode pooler, not a \
+                 transaction-mode one)",
+                PROBE_WAIT.as_secs()
+            ))),
+        }
+    }
+
     pub(super) async fn begin_write(&self) -> StoreResult<Transaction<'static, Postgres>> {
         Ok(self.pool.begin().await?)
     }
@@ -107,4 +165,30 @@ fn session_limits(options: &ConnectOptions) -> String {
         ms(options.idle_in_transaction_timeout),
         options.tcp_keepalive_idle.as_secs().max(1),
     )
+}
+
+/// This process's listener for other replicas' [`Signal`]s: one connection, `LISTEN behest`.
+#[derive(Debug)]
+pub struct SignalListener {
+    listener: PgListener,
+}
+
+impl SignalListener {
+    /// The next signal; `Ok(None)` when the connection was lost and opened again, so signals
+    /// may have been missed meanwhile (a watcher then reads the store).
+    ///
+    /// # Errors
+    /// When the connection cannot be opened again (the caller waits and retries).
+    pub async fn recv(&mut self) -> StoreResult<Option<Signal>> {
+        loop {
+            match self.listener.try_recv().await? {
+                None => return Ok(None),
+                Some(notification) => {
+                    if let Some(signal) = Signal::parse(notification.payload()) {
+                        return Ok(Some(signal));
+                    }
+                }
+            }
+        }
+    }
 }

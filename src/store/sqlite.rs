@@ -100,6 +100,21 @@ impl SqliteStore {
         })
     }
 
+    /// No other process to wake.
+    #[expect(clippy::unused_async, reason = "the same call as PostgreSQL's")]
+    pub(super) async fn signal_in(
+        _tx: &mut WriteTx,
+        _signals: impl IntoIterator<Item = super::Signal> + Send,
+    ) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// No other process to listen to.
+    #[expect(clippy::unused_async, reason = "the same call as PostgreSQL's")]
+    pub(super) async fn signal_listener(&self) -> StoreResult<Option<super::SignalListener>> {
+        Ok(None)
+    }
+
     /// Waits for this process's previous writer (in order), then begins.
     pub(super) async fn begin_write(&self) -> StoreResult<WriteTx> {
         let turn = self.writer.clone().lock_owned().await;

@@ -1,14 +1,20 @@
-//! Several replicas on one PostgreSQL, at the store's level: a replica frozen inside a write
+//! Several replicas on one PostgreSQL. At the store's level: a replica frozen inside a write
 //! transaction (a process stopped mid-append, holding its row locks) neither blocks another's
-//! takeover scan nor holds its locks for long, and no statement waits without bound.
+//! takeover scan nor holds its locks for long, and no statement waits without bound. With real
+//! processes: watchers and cancels on one replica of runs executing on another.
 
 use std::time::{Duration, Instant};
 
 use behest::store::{ConnectOptions, LeaseStore, PostgresStore};
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde_json::json;
 use sqlx::{Connection, Executor, PgConnection};
 
 use crate::store::{lease, leased_run, now_ms};
 use crate::support::db::{Backend, TestDb};
+use crate::support::fake_openai::{FakeOpenAi, Reply, text_stream};
+use crate::support::process::ServerProcess;
 
 async fn postgres() -> Option<TestDb> {
     TestDb::new(Backend::Postgres).await
@@ -130,5 +136,159 @@ async fn pooled_connections_carry_the_time_limits() {
     drop(frozen);
     drop(other);
     drop(replica);
+    db.cleanup().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real processes: two replicas of `behest serve` on one PostgreSQL
+
+/// One SSE frame: `(id, event, data)`.
+type Frame = (String, String, String);
+
+/// Collects a run's frames from `server` until the stream ends.
+fn watch(server: &ServerProcess, run_id: &str) -> tokio::task::JoinHandle<Vec<Frame>> {
+    let request = server
+        .client
+        .get(server.url(&format!("/runs/{run_id}/events")));
+    tokio::spawn(async move {
+        let response = request.send().await.expect("watch");
+        assert_eq!(response.status(), 200);
+        let mut stream = response.bytes_stream().eventsource();
+        let mut frames = Vec::new();
+        while let Some(Ok(event)) = stream.next().await {
+            frames.push((event.id, event.event, event.data));
+        }
+        frames
+    })
+}
+
+async fn transactions(db_url: &str) -> i64 {
+    let mut connection = PgConnection::connect(db_url).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+         WHERE datname = current_database()",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .unwrap()
+}
+
+async fn status_of(server: &ServerProcess, run_id: &str) -> String {
+    server.get_json(&format!("/runs/{run_id}")).await["status"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Two replicas on one PostgreSQL are one service (issue 23, items 1 and 2): watchers on B of
+/// a run executing on A get every event live, exactly what a replay gives; 20 idle watchers on
+/// B cost the database next to nothing (they used to poll it every 250 ms: ~8 transactions a
+/// second each); a cancel sent to B stops the run on A at once, with a 30 s lease whose tick
+/// alone would take up to 10 s.
+#[tokio::test]
+async fn two_replicas_are_one_service() {
+    let Some(db) = postgres().await else {
+        return;
+    };
+    let fake = FakeOpenAi::start().await;
+    let words: Vec<String> = (1..=30).map(|n| format!("{n} ")).collect();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    fake.push(
+        Reply::sse(&text_stream(&words))
+            .chunks_every(64)
+            .delay(Duration::from_millis(25)),
+    );
+    let stalled = text_stream(&["Thinking", " hard"]);
+    fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
+    let config = format!(
+        "[runtime]\nlease_ttl_ms = 30000\n\n\
+         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
+         [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 60000\nidle_ms = 60000\ntotal_ms = 120000\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
+         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
+        fake.base_url()
+    );
+    let a = ServerProcess::start("replica-a", &config, &db.url).await;
+    let b = ServerProcess::start("replica-b", &config, &db.url).await;
+    let start = json!({"provider": "fake", "model": "fake-model", "input": "count"});
+
+    // Live on another replica, exactly the log.
+    let (status, _, created) = a.post("/runs", &start).await;
+    assert_eq!(status, 202, "{created}");
+    let streamed = created["run_id"].as_str().unwrap().to_owned();
+    let watchers: Vec<_> = (0..3).map(|_| watch(&b, &streamed)).collect();
+    let mut seen = Vec::new();
+    for watcher in watchers {
+        seen.push(
+            tokio::time::timeout(Duration::from_secs(30), watcher)
+                .await
+                .expect("a watcher on the other replica never saw the end")
+                .unwrap(),
+        );
+    }
+    let replay = tokio::time::timeout(Duration::from_secs(10), watch(&a, &streamed))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(replay.last().map(|f| f.1.as_str()), Some("run_completed"));
+    let ids: Vec<String> = (1..=replay.len()).map(|n| n.to_string()).collect();
+    assert_eq!(
+        replay.iter().map(|f| f.0.clone()).collect::<Vec<_>>(),
+        ids,
+        "contiguous ids"
+    );
+    for frames in &seen {
+        assert_eq!(frames, &replay, "a watcher on B saw exactly the log");
+    }
+
+    // Idle watchers on B of a run stalled on A.
+    let (status, _, created) = a.post("/runs", &start).await;
+    assert_eq!(status, 202, "{created}");
+    let stalled_run = created["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fake.requests().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the second model call never came"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let idle: Vec<_> = (0..20).map(|_| watch(&b, &stalled_run)).collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = transactions(&db.url).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let spent = transactions(&db.url).await - before;
+    assert!(
+        spent < 100,
+        "20 idle watchers on another replica cost {spent} transactions in 3 s"
+    );
+
+    // A cancel sent to B stops the run on A at once.
+    let asked = Instant::now();
+    let (status, _, body) = b
+        .post(&format!("/runs/{stalled_run}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    while status_of(&a, &stalled_run).await != "cancelled" {
+        assert!(
+            asked.elapsed() < Duration::from_secs(3),
+            "the run on A was not cancelled 3 s after a cancel sent to B:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "two replicas: 20 idle watchers on B cost {spent} transactions in 3 s; a cancel sent to \
+         B ended the run on A after {} ms",
+        asked.elapsed().as_millis()
+    );
+    for watcher in idle {
+        let frames = tokio::time::timeout(Duration::from_secs(10), watcher)
+            .await
+            .expect("an idle watcher did not see the cancel")
+            .unwrap();
+        assert_eq!(frames.last().map(|f| f.1.as_str()), Some("run_cancelled"));
+    }
+    drop((a, b));
     db.cleanup().await;
 }

@@ -7,7 +7,7 @@
 use super::{corrupt, count, text, to_i64, to_json};
 use crate::domain::{RunId, RunStatus, TokenUsage};
 use crate::events::{LoggedEvent, StoredEnvelope, StoredEvent};
-use crate::store::{EventStore, EventWrite, PostgresStore, SqliteStore, StoreResult};
+use crate::store::{EventStore, EventWrite, PostgresStore, Signal, SqliteStore, StoreResult};
 
 /// A row of `events` (migration 0006): see [`StoredEvent`].
 #[derive(sqlx::FromRow)]
@@ -238,6 +238,11 @@ macro_rules! impl_event_store {
                     .execute(&mut *tx)
                     .await?;
                 }
+                // Watchers on other replicas are woken when the transaction commits.
+                let mut written: Vec<RunId> = stored.iter().map(|(write, _)| write.run_id).collect();
+                written.sort_unstable_by_key(|run| run.0);
+                written.dedup();
+                Self::signal_in(&mut tx, written.into_iter().map(Signal::Events)).await?;
                 tx.commit().await?;
                 Ok(fenced)
             }

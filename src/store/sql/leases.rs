@@ -4,7 +4,8 @@
 use super::runs::{RUN_COLUMNS, RunRow};
 use crate::domain::RunId;
 use crate::store::{
-    ClaimedRun, Lease, LeaseRenewal, LeaseStore, PostgresStore, SqliteStore, StoreResult,
+    ClaimedRun, Lease, LeaseRenewal, LeaseStore, PostgresStore, Signal, SignalListener,
+    SqliteStore, StoreResult,
 };
 
 /// A claimed run with the cancel requested while nobody owned it.
@@ -149,6 +150,22 @@ macro_rules! impl_lease_store {
                 .fetch_one(&self.pool)
                 .await?;
                 Ok(Some(now))
+            }
+
+            async fn send_signal(&self, signal: Signal) -> StoreResult<()> {
+                if Self::SINGLE_PROCESS {
+                    return Ok(());
+                }
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(Signal::CHANNEL)
+                    .bind(signal.payload())
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn listen(&self) -> StoreResult<Option<SignalListener>> {
+                self.signal_listener().await
             }
 
             async fn release_leases(&self, owner: &str) -> StoreResult<()> {

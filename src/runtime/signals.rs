@@ -1,0 +1,163 @@
+//! Signals between replicas on a shared PostgreSQL: each process listens on one connection
+//! (`LISTEN behest`) and is woken when another commits a run's events, records a cancel or
+//! records answers to a waiting run. A signal is a hint — the store stays the source of truth —
+//! so a watcher woken reads the store after its cursor, a listener that reconnected wakes every
+//! watcher (signals may have been missed), and a slow fallback check bounds a silent listener.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::Runtime;
+use crate::domain::RunId;
+use crate::store::{Signal, SignalListener, StoreError};
+
+/// How long the loop waits before listening again after the connection failed.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The wake-ups of this process's watchers of runs executing elsewhere, by run.
+#[derive(Debug, Default)]
+pub(super) struct Signals {
+    /// Whether a listener runs (else watchers poll the store).
+    listening: AtomicBool,
+    runs: Mutex<HashMap<RunId, Weak<watch::Sender<()>>>>,
+}
+
+/// A watcher's wake-up: changed whenever a signal for its run arrives (or may have been
+/// missed).
+#[derive(Debug)]
+pub struct Wakeup {
+    _sender: Arc<watch::Sender<()>>,
+    receiver: watch::Receiver<()>,
+}
+
+impl Wakeup {
+    /// Marks every wake-up so far as seen (call before reading the store).
+    pub fn seen(&mut self) {
+        self.receiver.mark_unchanged();
+    }
+
+    /// Waits for a wake-up after the last [`Self::seen`].
+    pub async fn changed(&mut self) {
+        if self.receiver.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Signals {
+    fn runs(&self) -> MutexGuard<'_, HashMap<RunId, Weak<watch::Sender<()>>>> {
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A wake-up for a watcher of `run_id`; `None` when this process does not listen.
+    pub(super) fn wakeup(&self, run_id: RunId) -> Option<Wakeup> {
+        if !self.listening.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut runs = self.runs();
+        let sender = runs
+            .get(&run_id)
+            .and_then(Weak::upgrade)
+            .unwrap_or_else(|| {
+                let sender = Arc::new(watch::Sender::new(()));
+                runs.insert(run_id, Arc::downgrade(&sender));
+                sender
+            });
+        // Forget runs nobody watches any more (amortised: only when the map grew large).
+        if runs.len() > 64 && runs.len().is_power_of_two() {
+            runs.retain(|_, sender| sender.strong_count() > 0);
+        }
+        let receiver = sender.subscribe();
+        Some(Wakeup {
+            _sender: sender,
+            receiver,
+        })
+    }
+
+    fn wake(&self, run_id: RunId) {
+        if let Some(sender) = self.runs().get(&run_id).and_then(Weak::upgrade) {
+            sender.send_replace(());
+        }
+    }
+
+    fn wake_all(&self) {
+        let senders: Vec<_> = self.runs().values().filter_map(Weak::upgrade).collect();
+        for sender in senders {
+            sender.send_replace(());
+        }
+    }
+}
+
+impl Runtime {
+    /// Listens for other replicas' signals (PostgreSQL; nothing on SQLite): connects the
+    /// listener, checks that a notification arrives (the probe), then dispatches signals until
+    /// the runtime stops. Call once at startup.
+    ///
+    /// # Errors
+    /// [`StoreError::SignalsUnavailable`] when notifications do not arrive (e.g. a
+    /// transaction-mode pooler), or the connection's error.
+    pub async fn listen(self: &Arc<Self>) -> Result<(), StoreError> {
+        let Some(listener) = self.store.listen().await? else {
+            return Ok(());
+        };
+        self.signals.listening.store(true, Ordering::Release);
+        tokio::spawn(signal_loop(
+            Arc::downgrade(self),
+            listener,
+            self.stop.clone(),
+        ));
+        Ok(())
+    }
+
+    /// Tells the run's owner, wherever it is, at once (best effort: the store already holds
+    /// what changed, and the owner's lease tick finds it too).
+    pub(super) async fn send_signal(&self, signal: Signal) {
+        if let Err(error) = self.store.send_signal(signal).await {
+            tracing::warn!(%error, ?signal, "could not signal the other replicas");
+        }
+    }
+}
+
+async fn signal_loop(
+    runtime: Weak<Runtime>,
+    mut listener: SignalListener,
+    stop: CancellationToken,
+) {
+    loop {
+        let received = tokio::select! {
+            received = listener.recv() => received,
+            () = stop.cancelled() => return,
+        };
+        let Some(runtime) = runtime.upgrade() else {
+            return;
+        };
+        match received {
+            Ok(Some(Signal::Events(run_id))) => runtime.signals.wake(run_id),
+            Ok(Some(Signal::Cancel(run_id))) => {
+                if let Some(run) = runtime.active().get(&run_id) {
+                    run.cancel.cancel();
+                }
+            }
+            Ok(Some(Signal::Answers(run_id))) => {
+                if let Some(run) = runtime.active().get(&run_id) {
+                    run.answered.notify_waiters();
+                }
+            }
+            Ok(None) => {
+                tracing::warn!("the signal listener reconnected; watchers read the store");
+                runtime.signals.wake_all();
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the signal listener failed; listening again");
+                runtime.signals.wake_all();
+                drop(runtime);
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+        }
+    }
+}
