@@ -196,6 +196,8 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
             format!("cannot listen on `bind` = `{}`: {error}", config.bind),
         )
     })?;
+    // Held until the process ends: a second server on the same SQLite file stops here.
+    let _database_lock = store::lock_sqlite(&config.database_url)?;
     let store = store::connect(&config.database_url).await?;
     let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
     if let Err(error) = registry.add_builtins(&config.builtin_tools) {
