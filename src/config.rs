@@ -11,7 +11,9 @@ use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{CompactionConfig, ModelWindow};
+mod http;
 mod ops;
+pub use http::HttpConfig;
 pub use ops::{ApiKeys, AuthConfig, KeyHash, LimitsConfig, TelemetryConfig};
 
 /// The whole configuration.
@@ -45,6 +47,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Metrics and trace export (`[telemetry]`).
     pub telemetry: TelemetryConfig,
+    /// Client connections: header, body and keep-alive timeouts and their cap (`[http]`).
+    pub http: HttpConfig,
 }
 
 impl Default for Config {
@@ -62,6 +66,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
             telemetry: TelemetryConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -741,6 +746,7 @@ impl Config {
         if let Some((_, message)) = checks.iter().find(|(ok, _)| !ok) {
             return Err(ConfigError::Check((*message).to_owned()));
         }
+        self.http.check().map_err(ConfigError::Check)?;
         if let Some(name) = self
             .agents
             .keys()
