@@ -12,8 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{CompactionConfig, ModelWindow};
 mod database;
+mod http;
 mod ops;
 pub use database::DatabaseConfig;
+pub use http::HttpConfig;
 pub use ops::{ApiKeys, AuthConfig, KeyHash, LimitsConfig, TelemetryConfig};
 
 /// The whole configuration.
@@ -49,6 +51,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Metrics and trace export (`[telemetry]`).
     pub telemetry: TelemetryConfig,
+    /// Client connections: header, body and keep-alive timeouts and their cap (`[http]`).
+    pub http: HttpConfig,
 }
 
 impl Default for Config {
@@ -67,6 +71,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
             telemetry: TelemetryConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -750,6 +755,7 @@ impl Config {
         {
             return Err(ConfigError::Check((*message).to_owned()));
         }
+        self.http.check().map_err(ConfigError::Check)?;
         if let Some(name) = self
             .agents
             .keys()

@@ -3,14 +3,13 @@
 //! stays open (a second signal exits at once).
 
 use std::collections::HashMap;
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::connections::{self, ConnectionLimits};
 use crate::api::{AppState, app};
 use crate::config::Config;
 use crate::provider;
@@ -196,6 +195,8 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
             format!("cannot listen on `bind` = `{}`: {error}", config.bind),
         )
     })?;
+    // Held until the process ends: a second server on the same SQLite file stops here.
+    let _database_lock = store::lock_sqlite(&config.database_url)?;
     let store =
         store::connect_with(&config.database_url, &config.database.connect_options()).await?;
     let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
@@ -213,40 +214,42 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
         providers = config.providers.len(),
         "behest listening"
     );
-    // SSE frames are small writes: without TCP_NODELAY, Nagle holds a frame back until the
-    // previous one is acknowledged (up to the peer's delayed-ACK timeout, ~40 ms).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY");
-        }
-    });
     // Cancelled at the first signal: open event streams end (no terminal event; clients
     // reconnect with `Last-Event-ID` to the next process).
     let streams_end = CancellationToken::new();
     // Cancelled once the runs are drained: the listener closes.
     let close_listener = CancellationToken::new();
+    // Cancelled at the first signal too: idle connections, and those that never sent a whole
+    // request, close at once.
     let signalled = CancellationToken::new();
     watch_signals(signalled.clone())?;
     let state = AppState::from_config(runtime.clone(), streams_end.clone(), &config);
     if state.auth.enabled() {
         tracing::info!(keys = state.auth.key_count(), "API keys required");
     }
-    // Served as a make-service: each connection gets a clone of the router's `Arc`. A bare
-    // `Router` would be re-instantiated per connection (every route's service cloned and boxed
-    // again, ≈30 KB on the heap per open event stream).
-    let mut serving = tokio::spawn(
-        axum::serve(listener, app(state).into_make_service())
-            .with_graceful_shutdown(close_listener.clone().cancelled_owned())
-            .into_future(),
+    let limits = ConnectionLimits::new(&config.http);
+    tracing::info!(
+        max_connections = limits.max_connections,
+        header_read_timeout_ms = config.http.header_read_timeout_ms,
+        body_read_timeout_ms = config.http.body_read_timeout_ms,
+        keep_alive_timeout_ms = config.http.keep_alive_timeout_ms,
+        "client connections"
     );
+    let mut serving = tokio::spawn(connections::serve(
+        listener,
+        app(state),
+        limits,
+        signalled.clone(),
+        close_listener.clone(),
+    ));
     tokio::select! {
         () = signalled.cancelled() => {}
         served = &mut serving => {
-            // The server stopped by itself (an accept loop error): stop the runs too.
+            // The accept loop's task failed: stop the runs too.
             runtime.shutdown(grace(&config)).await;
             tools.shutdown().await;
             return match served {
-                Ok(result) => result.map_err(ServeError::Io),
+                Ok(()) => Ok(()),
                 Err(error) => Err(std::io::Error::other(error).into()),
             };
         }
@@ -259,10 +262,8 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
     drain(&runtime, &streams_end, grace(&config)).await;
     tracing::info!("runs drained (left resumable); closing the listener");
     close_listener.cancel();
-    match serving.await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::warn!(%error, "the server ended with an error"),
-        Err(error) => tracing::warn!(%error, "the server task failed"),
+    if let Err(error) = serving.await {
+        tracing::warn!(%error, "the server task failed");
     }
     tools.shutdown().await;
     tracing::info!("behest stopped");

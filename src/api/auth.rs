@@ -3,7 +3,8 @@
 //! takes it as `?access_token=`, because a browser `EventSource` cannot set headers. A
 //! presented key is hashed and compared with every configured hash in constant time; it is
 //! never logged, echoed in an error, or put in a metric or a span (request URIs are logged
-//! with `access_token` redacted).
+//! with the value of every parameter whose name may carry a secret redacted, whatever its
+//! case or percent-encoding).
 
 use std::sync::Arc;
 
@@ -159,23 +160,54 @@ fn unauthorized(detail: &str, presented: bool) -> Response {
     response
 }
 
-/// The request URI as logged: an `access_token` parameter's value replaced by `[redacted]`.
+/// Words that make a query parameter secret when its name (percent-decoded, any case)
+/// contains one: `access_token`, `api_key`, `Api-Key`, `client_secret`, `password`,
+/// `auth`, …
+const SECRET_NAME_PARTS: [&str; 7] = [
+    "token",
+    "key",
+    "secret",
+    "password",
+    "passwd",
+    "auth",
+    "credential",
+];
+
+/// Whether a query parameter named `raw_name` (as sent: percent-encoded, `+` for a space)
+/// may carry a secret: its decoded name, in any case, contains one of [`SECRET_NAME_PARTS`].
+/// `access%5Ftoken` is `access_token`, which the key check reads too.
+fn is_secret_name(raw_name: &str) -> bool {
+    // The raw name holds no `&` or `=` (the pair was split at them): one name comes out.
+    let decoded: String = form_urlencoded::parse(raw_name.as_bytes())
+        .map(|(name, _)| name)
+        .collect();
+    let decoded = decoded.to_lowercase();
+    SECRET_NAME_PARTS.iter().any(|part| decoded.contains(part))
+}
+
+/// The request URI as logged: the value of every query parameter whose name may carry a
+/// secret ([`is_secret_name`]) replaced by `[redacted]`; the path and other parameters as
+/// sent.
 #[must_use]
 pub fn redacted_uri(uri: &Uri) -> String {
     let Some(query) = uri.query() else {
         return uri.to_string();
     };
-    if !query.contains(ACCESS_TOKEN) {
-        return uri.to_string();
-    }
-    let redacted: Vec<String> = query
+    let mut redacted = false;
+    let pairs: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if name == ACCESS_TOKEN => format!("{name}=[redacted]"),
+            Some((name, _)) if is_secret_name(name) => {
+                redacted = true;
+                format!("{name}=[redacted]")
+            }
             _ => pair.to_owned(),
         })
         .collect();
-    format!("{}?{}", uri.path(), redacted.join("&"))
+    if !redacted {
+        return uri.to_string();
+    }
+    format!("{}?{}", uri.path(), pairs.join("&"))
 }
 
 #[cfg(test)]
@@ -195,6 +227,32 @@ mod tests {
         assert!(!logged.contains("sk-secret"));
         let plain: Uri = "/runs?limit=5".parse().unwrap_or_default();
         assert_eq!(redacted_uri(&plain), "/runs?limit=5");
+    }
+
+    #[test]
+    fn secret_names_are_redacted_in_any_encoding_and_case() {
+        for query in [
+            "access%5Ftoken=SECRET",
+            "ACCESS_TOKEN=SECRET",
+            "Access%5FToken=SECRET",
+            "%61ccess_token=SECRET",
+            "Api%2DKey=SECRET",
+            "x-api-key=SECRET",
+            "client_secret=SECRET",
+            "PassWord=SECRET",
+            "Authorization=SECRET",
+            "api+key=SECRET",
+            "limit=5&access_token=SECRET&access_token=SECRET",
+        ] {
+            let uri: Uri = format!("/runs/x/events?{query}").parse().unwrap();
+            let logged = redacted_uri(&uri);
+            assert!(!logged.contains("SECRET"), "{query}: {logged}");
+            assert!(logged.contains("[redacted]"), "{query}: {logged}");
+        }
+        let kept: Uri = "/runs?session_id=s&cursor=c&status=completed"
+            .parse()
+            .unwrap();
+        assert_eq!(redacted_uri(&kept), kept.to_string());
     }
 
     #[test]

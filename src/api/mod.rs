@@ -5,6 +5,7 @@ mod actions;
 mod agents;
 pub mod auth;
 mod compaction;
+pub mod connections;
 mod docs;
 mod error;
 mod extract;
@@ -55,6 +56,8 @@ pub struct AppInner {
     pub limits: limits::Limits,
     /// Renders `/metrics`; `None` when metrics are off.
     pub metrics: Option<PrometheusHandle>,
+    /// Time a request body may take to arrive whole (`[http] body_read_timeout_ms`).
+    pub body_read_timeout: Duration,
 }
 
 impl AppState {
@@ -68,6 +71,7 @@ impl AppState {
             auth::Auth::default(),
             limits::Limits::new(&Default::default(), 0),
             None,
+            crate::config::HttpConfig::default().body_read_timeout(),
         )
     }
 
@@ -86,7 +90,14 @@ impl AppState {
         } else {
             None
         };
-        Self::with(runtime, shutdown, auth, limits, metrics)
+        Self::with(
+            runtime,
+            shutdown,
+            auth,
+            limits,
+            metrics,
+            config.http.body_read_timeout(),
+        )
     }
 
     fn with(
@@ -95,6 +106,7 @@ impl AppState {
         auth: auth::Auth,
         limits: limits::Limits,
         metrics: Option<PrometheusHandle>,
+        body_read_timeout: Duration,
     ) -> Self {
         let keep_alive =
             sse::KeepAlive::new(Duration::from_millis(runtime.config().keep_alive_ms.max(1)));
@@ -105,6 +117,7 @@ impl AppState {
             auth,
             limits,
             metrics,
+            body_read_timeout,
         }))
     }
 }
@@ -334,7 +347,8 @@ fn secure(spec: &mut utoipa::openapi::OpenApi) {
 
 /// The whole HTTP app over `state`: the API (behind the API keys), the probes, the console and
 /// `/docs` (public, static), `/openapi.json`; every request counted in the metrics, traced
-/// with `access_token` redacted, and answered by the CORS allow-list.
+/// with its secrets redacted ([`auth::redacted_uri`]), answered by the CORS allow-list, and
+/// given `[http] body_read_timeout_ms` to send its body.
 pub fn app(state: AppState) -> Router {
     let max_body = state.runtime.config().max_body_bytes;
     let (protected, mut spec) = protected_routes().split_for_parts();
@@ -371,6 +385,10 @@ pub fn app(state: AppState) -> Router {
         None => router,
     };
     router
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            connections::limit_body_time,
+        ))
         .layer(axum::middleware::from_fn(metrics::count_requests))
         .layer(TraceLayer::new_for_http().make_span_with(
             |request: &axum::http::Request<axum::body::Body>| {

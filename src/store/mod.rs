@@ -4,6 +4,7 @@
 //! SQLite (the embedded default) and PostgreSQL. Both share the SQL in `sql/`, a file per
 //! concern, and pass the same test suite.
 
+mod lock;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -21,6 +22,7 @@ use crate::domain::{
 };
 use crate::events::LoggedEvent;
 
+pub use lock::{DatabaseLock, lock_sqlite};
 pub use postgres::{PostgresStore, SignalListener};
 pub use sqlite::SqliteStore;
 
@@ -99,6 +101,27 @@ pub enum StoreError {
     /// The database did not answer in time (what was being done).
     #[error("the database did not answer in time ({0})")]
     Timeout(&'static str),
+    /// Another process holds the SQLite database's lock (see [`lock_sqlite`]).
+    #[error(
+        "another behest process is using the SQLite database {} (it holds {}); stop it, or \
+         give this server another --database-url",
+        database.display(),
+        lock.display()
+    )]
+    InUse {
+        /// The database file.
+        database: std::path::PathBuf,
+        /// Its lock file.
+        lock: std::path::PathBuf,
+    },
+    /// The SQLite database's lock file could not be created or locked.
+    #[error("cannot lock the SQLite database: {}: {error}", path.display())]
+    Lock {
+        /// The lock file.
+        path: std::path::PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
 }
 
 /// Reads of each run's event log ([`Store::read_events`] calls), counted in the crate's unit

@@ -38,6 +38,8 @@ mod events;
 #[cfg(test)]
 mod migration;
 #[cfg(test)]
+mod net;
+#[cfg(test)]
 mod observe;
 #[cfg(test)]
 mod openai_adapter;
