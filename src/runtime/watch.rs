@@ -112,11 +112,26 @@ impl Watch {
                 };
                 self.read_store = page.len() == PAGE as usize;
                 if page.is_empty() && self.live.is_none() {
-                    // Nothing after the cursor and no live feed: if the run has ended (its
-                    // terminal event at or before the cursor), so has the stream.
+                    // Nothing after the cursor and no live feed: if the run has ended, so has
+                    // the stream — once the log is read again after the status: the terminal
+                    // event may have been committed between the two reads.
                     match self.store.get_run(self.run_id).await {
                         Ok(Some(run)) if !run.status.is_terminal() => {}
-                        Ok(_) => return None,
+                        Ok(_) => {
+                            match self
+                                .store
+                                .read_events(self.run_id, self.last_sent, PAGE)
+                                .await
+                            {
+                                Ok(rest) if rest.is_empty() => return None,
+                                Ok(rest) => {
+                                    self.read_store = rest.len() == PAGE as usize;
+                                    self.replay = rest.into_iter();
+                                    continue;
+                                }
+                                Err(error) => return Some(Err(error)),
+                            }
+                        }
                         Err(error) => return Some(Err(error)),
                     }
                 }
