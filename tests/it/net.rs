@@ -336,7 +336,9 @@ async fn a_drain_does_not_wait_for_idle_or_half_sent_connections(backend: Backen
     let status = server.wait_exit(Duration::from_secs(20)).await;
     let took = start.elapsed();
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
-    assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
+    // Held by those sockets it would take the minute of their timeouts; a loaded machine (the
+    // whole suite on 2 cores) was seen to take ~6 s from the signal to the process's exit.
+    assert!(took < Duration::from_secs(15), "SIGTERM took {took:?}");
     for socket in [&mut idle, &mut half, &mut kept] {
         let (_, closed) = until_closed(socket, Duration::from_secs(2)).await;
         assert!(closed.is_some(), "a socket stayed open");
