@@ -186,7 +186,7 @@ pub struct RuntimeConfig {
     pub recovery: Recovery,
     /// How long a run's lease lasts, in ms: the owning process renews it every third of this;
     /// another process (a restarted one, later a replica) takes a run over only once its lease
-    /// has expired; default 15000 (300 to 86400000).
+    /// has expired; default 6000 (300 to 86400000).
     pub lease_ttl_ms: u64,
     /// A run taken over this many times in a row from processes that died while executing it,
     /// without committing a message in between, is failed (`run_failed`, error class
@@ -328,7 +328,7 @@ impl Default for RuntimeConfig {
             max_tool_output_bytes: 65_536,
             doom_loop: DoomLoopConfig::default(),
             recovery: Recovery::Resume,
-            lease_ttl_ms: 15_000,
+            lease_ttl_ms: 6_000,
             max_takeovers: 3,
             shutdown_grace_ms: 10_000,
             event_retention_secs: None,

@@ -28,7 +28,8 @@ pub async fn get_health() -> Json<Health> {
     })
 }
 
-/// Readiness: the store answers and the server is not shutting down.
+/// Readiness: the store answers, the server is not shutting down and, on PostgreSQL, the
+/// replica hears the others and holds its leases.
 ///
 /// From the first moment of
 /// a shutdown (SIGTERM/SIGINT) this answers 503 `shutting_down`, so a load balancer stops
@@ -37,7 +38,7 @@ pub async fn get_health() -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "system",
     responses(
         (status = 200, description = "Ready to take runs", body = Health),
-        (status = 503, description = "Not ready: `shutting_down` (with `Retry-After`: the process drains its runs and admits none), `store_unavailable` (the database does not answer)", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "Not ready: `shutting_down` (with `Retry-After`: the process drains its runs and admits none), `store_unavailable` (the database does not answer), `signals_unavailable` (PostgreSQL: the connection listening for other replicas' signals failed), `leases_unconfirmed` (PostgreSQL: the replica cannot renew its runs' leases; its runs are stopped until it can)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = Option<String>, description = "With `shutting_down`: seconds to wait before retrying")))
     ))]
 pub async fn get_readiness(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
@@ -58,6 +59,9 @@ pub async fn get_readiness(State(state): State<AppState>) -> Result<Json<Health>
                 "the database does not answer",
             )
         })?;
+    if let Some((code, detail)) = state.runtime.replica_trouble() {
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, detail));
+    }
     Ok(Json(Health {
         status: "ok".to_owned(),
     }))

@@ -190,6 +190,8 @@ pub struct Runtime {
     scanning: std::sync::atomic::AtomicBool,
     /// Other replicas' signals: wake-ups of watchers of runs executing elsewhere.
     signals: signals::Signals,
+    /// False while this process cannot confirm its leases (fail-stop; `/readyz`).
+    leases_confirmed: std::sync::atomic::AtomicBool,
 }
 
 impl Runtime {
@@ -253,6 +255,7 @@ impl Runtime {
             clock_offset_ms: std::sync::atomic::AtomicI64::new(0),
             scanning: std::sync::atomic::AtomicBool::new(false),
             signals: signals::Signals::default(),
+            leases_confirmed: std::sync::atomic::AtomicBool::new(true),
         });
         tokio::spawn(recovery::lease_loop(Arc::downgrade(&runtime), ttl));
         tokio::spawn(retention::sweep_loop(Arc::downgrade(&runtime)));
@@ -617,6 +620,9 @@ impl Runtime {
         self.stop.cancel();
         if let Err(error) = self.store.release_leases(&self.owner).await {
             tracing::warn!(%error, "could not release the runs' leases");
+        } else {
+            // Peers take the runs over now, not at their next scan.
+            self.send_signal(Signal::Released).await;
         }
         let left = self
             .store

@@ -245,6 +245,7 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
         match renewed {
             Ok(renewal) => {
                 confirmed_until = Some(lease.expires_ms);
+                runtime.leases_confirmed.store(true, Ordering::Release);
                 let lost: Vec<RunId> = leased
                     .into_iter()
                     .filter(|id| !renewal.owned.contains(id))
@@ -275,6 +276,7 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
                 let expiring = confirmed_until
                     .is_none_or(|until| runtime.store_now_ms().saturating_add(period_ms) >= until);
                 if !runtime.store.single_process() && expiring {
+                    runtime.leases_confirmed.store(false, Ordering::Release);
                     for run_id in leased {
                         tracing::warn!(%run_id, "cannot confirm the run's lease before it expires; stopping it here (fail-stop)");
                         runtime.abandon(run_id);
@@ -291,7 +293,7 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
 
 impl Runtime {
     /// Starts a takeover scan unless one is running.
-    fn spawn_scan(self: &Arc<Self>) {
+    pub(super) fn spawn_scan(self: &Arc<Self>) {
         if self.scanning.swap(true, Ordering::AcqRel) {
             return;
         }

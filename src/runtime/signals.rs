@@ -24,6 +24,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 pub(super) struct Signals {
     /// Whether a listener runs (else watchers poll the store).
     listening: AtomicBool,
+    /// Whether the listener's connection works (false from a failure to its next signal).
+    failed: AtomicBool,
     runs: Mutex<HashMap<RunId, Weak<watch::Sender<()>>>>,
 }
 
@@ -94,6 +96,26 @@ impl Signals {
 }
 
 impl Runtime {
+    /// Why this replica is not ready, as `(code, detail)` for `/readyz`: its listener's
+    /// connection failed (`signals_unavailable`), or it cannot confirm its leases
+    /// (`leases_unconfirmed`, fail-stop).
+    #[must_use]
+    pub fn replica_trouble(&self) -> Option<(&'static str, &'static str)> {
+        if self.signals.failed.load(Ordering::Acquire) {
+            return Some((
+                "signals_unavailable",
+                "the connection listening for other replicas' signals failed",
+            ));
+        }
+        if !self.leases_confirmed.load(Ordering::Acquire) {
+            return Some((
+                "leases_unconfirmed",
+                "this replica cannot renew its runs' leases in the database",
+            ));
+        }
+        None
+    }
+
     /// Listens for other replicas' signals (PostgreSQL; nothing on SQLite): connects the
     /// listener, checks that a notification arrives (the probe), then dispatches signals until
     /// the runtime stops. Call once at startup.
@@ -136,8 +158,13 @@ async fn signal_loop(
         let Some(runtime) = runtime.upgrade() else {
             return;
         };
+        runtime
+            .signals
+            .failed
+            .store(received.is_err(), Ordering::Release);
         match received {
             Ok(Some(Signal::Events(run_id))) => runtime.signals.wake(run_id),
+            Ok(Some(Signal::Released)) => runtime.spawn_scan(),
             Ok(Some(Signal::Cancel(run_id))) => {
                 if let Some(run) = runtime.active().get(&run_id) {
                     run.cancel.cancel();

@@ -802,6 +802,8 @@ pub enum Signal {
     Cancel(RunId),
     /// Answers to the run's required action were recorded.
     Answers(RunId),
+    /// A process released its leases (a shutdown): its runs may be taken over now.
+    Released,
 }
 
 impl Signal {
@@ -815,12 +817,16 @@ impl Signal {
             Self::Events(run) => format!("events {run}"),
             Self::Cancel(run) => format!("cancel {run}"),
             Self::Answers(run) => format!("answers {run}"),
+            Self::Released => "released".to_owned(),
         }
     }
 
     /// A payload read back; `None` for another kind (a probe, a newer version's).
     #[must_use]
     pub fn parse(payload: &str) -> Option<Self> {
+        if payload == "released" {
+            return Some(Self::Released);
+        }
         let (kind, run) = payload.split_once(' ')?;
         let run = RunId(uuid::Uuid::parse_str(run).ok()?);
         match kind {

@@ -201,7 +201,7 @@ async fn two_replicas_are_one_service() {
     let stalled = text_stream(&["Thinking", " hard"]);
     fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
     let config = format!(
-        "[runtime]\nlease_ttl_ms = 30000\n\n\
+        "[runtime]\nlease_ttl_ms = 30000\nshutdown_grace_ms = 300\n\n\
          [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
          [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 60000\nidle_ms = 60000\ntotal_ms = 120000\n\
          [providers.fake.retry]\nmax_attempts = 1\n\
@@ -289,6 +289,40 @@ async fn two_replicas_are_one_service() {
             .unwrap();
         assert_eq!(frames.last().map(|f| f.1.as_str()), Some("run_cancelled"));
     }
+    let (status, ready) = b.get("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+
+    // A shutdown hands A's runs over at once: B takes the run over when A signals it released
+    // its leases, not when the 30 s lease expires.
+    fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
+    fake.push(Reply::sse(&text_stream(&["Resumed ", "on B"])));
+    let (status, _, created) = a.post("/runs", &start).await;
+    assert_eq!(status, 202, "{created}");
+    let handed = created["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fake.requests().len() < 3 {
+        assert!(Instant::now() < deadline, "the third model call never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut a = a;
+    a.terminate().await;
+    assert!(
+        a.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "A did not stop"
+    );
+    let stopped = Instant::now();
+    while status_of(&b, &handed).await != "completed" {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(8),
+            "B had not finished A's run 8 s after A shut down (lease 30 s):\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "two replicas: B finished the run A handed over {} ms after A exited",
+        stopped.elapsed().as_millis()
+    );
     drop((a, b));
     db.cleanup().await;
 }
