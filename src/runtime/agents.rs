@@ -198,12 +198,10 @@ impl Runtime {
                             ),
                         ));
                     }
-                    if let Err(error) = jsonschema::validator_for(&definition.parameters) {
+                    if let Err(error) = crate::tools::schema::compile(&definition.parameters) {
                         return Err(invalid(
                             "tools",
-                            format!(
-                                "tools[{index}].parameters is not a valid JSON Schema: {error}"
-                            ),
+                            format!("tools[{index}].parameters {error}"),
                         ));
                     }
                     offered.push(&definition.name);
@@ -455,7 +453,7 @@ pub(super) fn model_request(
 /// What a run needs of its agent definition while it executes: the defined tools' compiled
 /// argument schemas and which server tools wait for approval.
 pub(super) struct RunAgent {
-    client: HashMap<String, jsonschema::Validator>,
+    client: HashMap<String, crate::tools::schema::ToolSchema>,
     approval: HashSet<String>,
     /// How long a wait lasts.
     timeout: Duration,
@@ -471,17 +469,16 @@ impl std::fmt::Debug for RunAgent {
 }
 
 impl RunAgent {
-    /// The run's defined tools (their schemas compiled; one that no longer compiles accepts
-    /// any arguments) and its approval list.
+    /// The run's defined tools (their schemas checked and compiled; a stored one that no
+    /// longer passes — a run created before the checks — refuses every call's arguments with
+    /// the reason) and its approval list.
     pub(super) fn of(runtime: &Runtime, record: &RunRecord) -> Self {
         let client = record
             .client_tools()
             .into_iter()
-            .filter_map(|tool| {
-                let validator = jsonschema::validator_for(&tool.parameters)
-                    .ok()
-                    .or_else(|| jsonschema::validator_for(&serde_json::json!({})).ok())?;
-                Some((tool.name.clone(), validator))
+            .map(|tool| {
+                let schema = crate::tools::schema::ToolSchema::new(&tool.parameters);
+                (tool.name.clone(), schema)
             })
             .collect();
         let timeout_ms = record
