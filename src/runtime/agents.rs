@@ -281,6 +281,15 @@ impl Runtime {
                     format!("provider `{provider}` (Anthropic) has no seed parameter"),
                 ));
             }
+            if request.parameters().whitespace_stop() {
+                return Err(invalid(
+                    "stop",
+                    format!(
+                        "provider `{provider}` (Anthropic) refuses stop sequences made only of \
+                         whitespace, such as \"\\n\"; its API requires a non-whitespace character"
+                    ),
+                ));
+            }
             // Extended thinking takes no sampling changes (the API refuses them).
             if entry.config.thinking_budget_tokens.is_some()
                 && (request.temperature.is_some_and(|t| t != 1.0)
@@ -368,6 +377,12 @@ impl Runtime {
             && !self.agents.contains_key(agent)
         {
             return Err(CreateRunError::UnknownAgent(agent.clone()));
+        }
+        if defaults.model.is_some() && defaults.provider.is_none() {
+            return Err(invalid(
+                "defaults",
+                "a `model` needs its `provider`: give `defaults.provider` too",
+            ));
         }
         if let Some(provider) = &defaults.provider {
             let entry = self
