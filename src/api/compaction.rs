@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use super::extract::Json;
+use super::extract::{Json, NoBody};
 use super::{ApiError, AppState, Problem};
 use crate::domain::{CircuitBreaker, CompactionConfig, SettingsProblem};
 use crate::runtime::SettingsError;
@@ -261,9 +261,13 @@ pub async fn get_circuit_breaker(
 /// Closes it and clears its failure count and last error: compaction is attempted again from
 /// the next model call of any run.
 #[utoipa::path(post, path = "/compaction/circuit-breaker/reset", tag = "compaction",
-    responses((status = 200, description = "The breaker after the reset", body = CircuitBreaker)))]
+    responses(
+        (status = 200, description = "The breaker after the reset", body = CircuitBreaker),
+        (status = 400, description = "`unexpected_body`: the request has a body; this route takes none", body = Problem, content_type = "application/problem+json"),
+    ))]
 pub async fn reset_circuit_breaker(
     State(state): State<AppState>,
+    _: NoBody,
 ) -> Result<axum::Json<CircuitBreaker>, ApiError> {
     Ok(axum::Json(state.runtime.reset_circuit_breaker().await?))
 }

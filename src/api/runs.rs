@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
-use super::extract::{Json, Query};
+use super::extract::{Json, NoBody, Query};
 use super::limits::WatcherPermit;
 use super::page::RunListQuery;
 use super::{ApiError, AppState, Problem, sse};
@@ -45,15 +45,19 @@ async fn start_run(
 ) -> Result<CreatedRun, ApiError> {
     state.limits.admit_run(caller)?;
     if let Some(key) = headers.get("idempotency-key") {
-        let key = key.to_str().map_err(|_| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_header",
-                "Idempotency-Key must be visible ASCII",
-            )
-        })?;
+        let key = key
+            .to_str()
+            .ok()
+            .filter(|key| crate::domain::is_idempotency_key(key))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_header",
+                    format!("Idempotency-Key {}", crate::domain::IDEMPOTENCY_KEY_RULE),
+                )
+            })?;
         match &request.client_request_id {
-            None if !key.is_empty() => request.client_request_id = Some(key.to_owned()),
+            None => request.client_request_id = Some(key.to_owned()),
             Some(body_key) if body_key != key => {
                 return Err(ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -133,7 +137,7 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
         (status = 202, description = "Run created (or, with `Idempotent-Replayed: true`, the run an earlier identical request created); `Location` is the run", body = CreateRunResponse,
             headers(("Location" = String, description = "`/runs/{run_id}`"),
                     ("Idempotent-Replayed" = Option<String>, description = "`true` when an earlier identical request created the run"))),
-        (status = 400, description = "`malformed_json`; `invalid_header` (`Idempotency-Key` not visible ASCII)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`malformed_json`; `invalid_header` (`Idempotency-Key` not 1 to 255 visible ASCII characters `!`..`~`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`session_busy` (with the active `run_id`), `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
@@ -142,7 +146,7 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 429, description = "`rate_limited`: this API key created runs faster than `[limits] runs_per_minute`; `too_many_active_runs`: `[runtime] max_active_runs` runs are active (a create is refused, not queued); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
-        (status = 422, description = "`missing_field` (`input` absent, or `provider`/`model` absent and not given by the agent or the session), `invalid_field` (empty or blank, NUL character, `metadata` or `provider_options` not an object or over 16384 bytes, `provider_options` setting a key behest owns, `max_iterations` or `action_timeout_ms` out of range, a model parameter out of range — `max_output_tokens` above the model's, `temperature` above 1 or a `seed` for an Anthropic provider — a tool definition with a bad name, a schema that is not an object schema or does not compile, a name used twice or a server tool's, `approval` naming no server tool of the run, `tool_choice` without tools or naming none of the run's), `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body` (not a JSON object, a field of the wrong type, an unknown field); `field` names the field", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`missing_field` (`input` absent, or `provider`/`model` absent and not given by the agent or the session), `invalid_field` (empty or blank, NUL character, `metadata` or `provider_options` not an object or over 16384 bytes, `provider_options` setting a key behest owns, `max_iterations` or `action_timeout_ms` out of range, a model parameter out of range — `max_output_tokens` above the model's, `temperature` above 1, a `seed` or a whitespace-only `stop` sequence for an Anthropic provider — `client_request_id` not 1 to 255 visible ASCII characters, more than 128 tool definitions, a tool definition with a bad name, a schema that is not an object schema, does not compile, has a `$ref` cycle that consumes no input, over 10000 subschemas or over 1000 applied to one value, a name used twice or a server tool's, `approval` naming no server tool of the run, `tool_choice` without tools or naming none of the run's), `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body` (not a JSON object, a field of the wrong type, an unknown field); `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_run(
     State(state): State<AppState>,
@@ -175,7 +179,7 @@ pub async fn create_run(
             content_type = "text/event-stream", body = AgentEvent,
             headers(("X-Run-Id" = String, description = "The new run's id"),
                     ("Location" = String, description = "`/runs/{run_id}`"))),
-        (status = 400, description = "`malformed_json`; `invalid_header` (`Idempotency-Key` not visible ASCII)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`malformed_json`; `invalid_header` (`Idempotency-Key` not 1 to 255 visible ASCII characters `!`..`~`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`session_busy`, `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
@@ -210,7 +214,8 @@ pub async fn create_run_stream(
 pub struct ListRunsResponse {
     /// The runs.
     pub runs: Vec<RunRecord>,
-    /// Pass as `cursor` for the next page; absent on the last page.
+    /// Pass as `cursor` for the next page; `null` on the last page (always present).
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
 }
 
@@ -334,7 +339,7 @@ pub struct CancelQuery {
     responses(
         (status = 200, description = "With `wait=true`: the run after its terminal event", body = RunRecord),
         (status = 202, description = "Cancellation requested, or the run was already cancelled (cancel is idempotent); the run as it is now", body = RunRecord),
-        (status = 400, description = "`invalid_query`: `wait` is not `true`/`false`, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_query`: `wait` is not `true`/`false`, or an unknown parameter; `unexpected_body`: the request has a body (this route takes none)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`run_finished`: the run had completed or failed; `run_status` says how", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -342,6 +347,7 @@ pub async fn cancel_run(
     State(state): State<AppState>,
     Path(raw_id): Path<String>,
     Query(query): Query<CancelQuery>,
+    _: NoBody,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&raw_id)?;
     let outcome = state

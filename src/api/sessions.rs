@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{Body, Json, Query};
+use super::extract::{Body, Json, NoBody, Query};
 use super::page::Page;
 use super::{ApiError, AppState, Problem};
 use crate::domain::{
@@ -62,7 +62,7 @@ impl Body for UpdateSessionRequest {
         (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field` (`title` over 1000 bytes, `metadata` not an object or over 16384 bytes, a parameter out of range, a NUL character), `unknown_agent`, `unknown_provider`, `unknown_model`, `invalid_body`; `field` names the field", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`title` over 1000 bytes, `metadata` not an object or over 16384 bytes, a parameter out of range, a NUL character, blank `instructions`, a `model` without its `provider`), `unknown_agent`, `unknown_provider`, `unknown_model`, `invalid_body`; `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_session(
     State(state): State<AppState>,
@@ -167,7 +167,8 @@ pub struct ListSessionsQuery {
 pub struct ListSessionsResponse {
     /// The sessions.
     pub sessions: Vec<Session>,
-    /// Pass as `cursor` for the next page; absent on the last page.
+    /// Pass as `cursor` for the next page; `null` on the last page (always present).
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
 }
 
@@ -223,8 +224,10 @@ pub struct SessionMessages {
     /// Up to `limit` messages: user inputs, assistant replies (with tool calls), tool results;
     /// fewer when they pass the server's byte budget (`runtime.max_page_bytes`).
     pub messages: Vec<Message>,
-    /// Pass as `cursor` for the rest; absent when `messages` ends the history.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pass as `cursor` for the rest; `null` when `messages` ends the history (always
+    /// present).
+    #[serde(default)]
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
     /// The compactions made at a message of this page, in order: each one's summary replaces,
     /// in the requests after it, every message up to its `through_message_id` (the latest user
@@ -316,6 +319,7 @@ pub async fn list_session_messages(
     params(("session_id" = String, Path, format = Uuid, description = "Session id")),
     responses(
         (status = 200, description = "The compaction made", body = Compaction),
+        (status = 400, description = "`unexpected_body`: the request has a body; this route takes none", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`session_busy`: a run is active (its id is `run_id`); `nothing_to_compact`: everything fits in what compaction keeps verbatim (`tail_turns`, `keep_tokens`), or the older turns hold too few tokens for a summary to shrink them (64 besides the summary's heading); `compaction_circuit_open`: the circuit breaker is open (reset it first); `model_not_configured`: the session's model is no longer configured", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`compaction_failed`: the summariser failed, returned an empty summary, or its summary did not shrink the context (counted by the circuit breaker)", body = Problem, content_type = "application/problem+json"),
@@ -323,6 +327,7 @@ pub async fn list_session_messages(
 pub async fn compact_session(
     State(state): State<AppState>,
     Path(raw): Path<String>,
+    _: NoBody,
 ) -> Result<axum::Json<Compaction>, ApiError> {
     let id = parse_session_id(&raw)?;
     match state.runtime.compact_session(id).await {

@@ -22,7 +22,8 @@ fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
 pub struct ListSnapshotsResponse {
     /// The snapshots.
     pub snapshots: Vec<Snapshot>,
-    /// Pass as `cursor` for the next page; absent on the last page.
+    /// Pass as `cursor` for the next page; `null` on the last page (always present).
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
 }
 

@@ -32,8 +32,8 @@ pub struct ModelParameters {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1)]
     pub max_output_tokens: Option<u32>,
-    /// Up to 4 sequences that end the model's output when generated (not included in it); each
-    /// has a non-whitespace character.
+    /// Up to 4 sequences that end the model's output when generated (not included in it); none
+    /// empty; whitespace-only ones (`"\n"`) are refused for Anthropic providers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 4)]
     pub stop: Option<Vec<String>>,
@@ -64,6 +64,16 @@ impl ModelParameters {
         }
     }
 
+    /// Whether a stop sequence is made of whitespace only (`"\n"`): fine for OpenAI-compatible
+    /// APIs, refused by Anthropic's.
+    #[must_use]
+    pub fn whitespace_stop(&self) -> bool {
+        self.stop
+            .iter()
+            .flatten()
+            .any(|s| !s.is_empty() && s.trim().is_empty())
+    }
+
     /// True when no parameter is set.
     #[must_use]
     pub fn is_empty(&self) -> bool {
@@ -71,8 +81,9 @@ impl ModelParameters {
     }
 
     /// Checks the ranges that hold whatever the model: `temperature` 0 to 2, `top_p` 0 to 1,
-    /// `max_output_tokens` at least 1, `stop` at most 4 sequences each with a non-whitespace
-    /// character and no U+0000.
+    /// `max_output_tokens` at least 1, `stop` at most 4 sequences, none empty, no U+0000
+    /// (whether whitespace-only ones are accepted is the provider's rule: see
+    /// [`ModelParameters::whitespace_stop`]).
     ///
     /// # Errors
     /// The first [`RequestProblem::Invalid`] found, naming the parameter.
@@ -97,11 +108,8 @@ impl ModelParameters {
                     format!("takes at most {MAX_STOP_SEQUENCES} sequences"),
                 ));
             }
-            if stop.iter().any(|s| s.trim().is_empty()) {
-                return Err(invalid(
-                    "stop",
-                    "each sequence must contain a non-whitespace character",
-                ));
+            if stop.iter().any(String::is_empty) {
+                return Err(invalid("stop", "a stop sequence must not be empty"));
             }
             if stop.iter().any(|s| s.contains('\0')) {
                 return Err(invalid("stop", NUL));
@@ -178,12 +186,30 @@ pub fn is_tool_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Checks a run's `tools` by themselves: server names without U+0000, definitions with a
-/// valid name and an object schema whose `type` is `"object"`, every name once.
+/// Most tools one run may define for the client to execute (its server tools are the
+/// configured ones, so they need no cap).
+pub const MAX_CLIENT_TOOLS: usize = 128;
+
+/// Checks a run's `tools` by themselves: at most [`MAX_CLIENT_TOOLS`] definitions, server
+/// names without U+0000, definitions with a valid name and an object schema whose `type` is
+/// `"object"`, every name once.
 ///
 /// # Errors
 /// [`RequestProblem::Invalid`] naming `tools`, the reason saying which entry.
 pub fn check_tools(tools: &[RunTool]) -> Result<(), RequestProblem> {
+    let defined = tools
+        .iter()
+        .filter(|tool| matches!(tool, RunTool::Client(_)))
+        .count();
+    if defined > MAX_CLIENT_TOOLS {
+        return Err(invalid(
+            "tools",
+            format!(
+                "a run may define at most {MAX_CLIENT_TOOLS} tools for the client to execute; \
+                 this one defines {defined}"
+            ),
+        ));
+    }
     let mut seen = std::collections::HashSet::new();
     for (index, tool) in tools.iter().enumerate() {
         match tool {
@@ -410,10 +436,18 @@ mod tests {
                 ..ModelParameters::default()
             },
             ModelParameters {
-                stop: Some(vec![" \n".into()]),
+                stop: Some(vec!["END".into(), String::new()]),
                 ..ModelParameters::default()
             },
         ];
+        // Whitespace-only is each provider's rule (Anthropic refuses it), not a range.
+        let newline = ModelParameters {
+            stop: Some(vec![" \n".into()]),
+            ..ModelParameters::default()
+        };
+        assert_eq!(newline.check(), Ok(()));
+        assert!(newline.whitespace_stop());
+        assert!(!ModelParameters::default().whitespace_stop());
         let fields: Vec<&str> = bad
             .iter()
             .map(|p| match p.check() {

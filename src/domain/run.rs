@@ -455,15 +455,18 @@ pub struct CreateRunRequest {
     #[serde(default)]
     pub tool_choice: Option<ToolChoice>,
     /// Idempotency key chosen by the client (or the `Idempotency-Key` header): the same key
-    /// with the same body returns the same run; with another body, 409.
+    /// with the same body returns the same run; with another body, 409. 1 to 255 visible
+    /// ASCII characters (`!` to `~`); empty means none.
     #[serde(default, deserialize_with = "empty_as_none")]
+    #[schema(max_length = 255, pattern = r"^[!-~]*$")]
     pub client_request_id: Option<String>,
     /// The run's tools: names of server tools (`GET /tools`) it may call, and function tools
     /// it defines, `{"name", "description", "parameters"}`, which the client executes (a call
     /// pauses the run in `requires_action` until `POST /runs/{run_id}/tool_outputs`). Names are
     /// unique; a defined tool's name is no server tool's; its `parameters` is a JSON Schema
-    /// with `"type": "object"`. Absent: every server tool and none of the client's; present,
-    /// exactly these.
+    /// with `"type": "object"`, at most 10000 subschemas, no `$ref` cycle that consumes no
+    /// input, at most 1000 subschemas applied to one value. At most 128 defined tools. Absent:
+    /// every server tool and none of the client's; present, exactly these.
     #[serde(default)]
     pub tools: Option<Vec<RunTool>>,
     /// Model calls the run may make at most: 1 to the server's `runtime.max_iterations_cap`
@@ -480,7 +483,7 @@ pub struct CreateRunRequest {
     pub agent: Option<String>,
     /// The system prompt, sent in each provider's native place (OpenAI-compatible: a first
     /// `system` or `developer` message; Anthropic: top-level `system`). An empty string means
-    /// none (overriding a preset's or the session's).
+    /// none (overriding a preset's or the session's); a blank one (only whitespace) is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
     /// Sampling temperature, 0 to 2 (Anthropic providers: 0 to 1).
@@ -496,8 +499,9 @@ pub struct CreateRunRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1)]
     pub max_output_tokens: Option<u32>,
-    /// Up to 4 stop sequences, each with a non-whitespace character (OpenAI `stop`, Anthropic
-    /// `stop_sequences`).
+    /// Up to 4 stop sequences, none empty (OpenAI `stop`, Anthropic `stop_sequences`); a
+    /// whitespace-only one such as `"\n"` is refused for Anthropic providers, whose API refuses
+    /// it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 4)]
     pub stop: Option<Vec<String>>,
@@ -580,6 +584,23 @@ fn check_object(field: &'static str, value: &serde_json::Value) -> Result<(), Re
     Ok(())
 }
 
+/// The rule of an idempotency key (`client_request_id`, `Idempotency-Key`), in words.
+pub const IDEMPOTENCY_KEY_RULE: &str = "must be 1 to 255 visible ASCII characters (`!` to `~`: \
+                                        no spaces, tabs, control or non-ASCII characters)";
+
+/// Whether `key` is a valid idempotency key: 1 to 255 bytes, each visible ASCII (`!` to `~`).
+/// A key is stored with its run and echoed on every list page: it stays short and printable.
+#[must_use]
+pub fn is_idempotency_key(key: &str) -> bool {
+    (1..=255).contains(&key.len()) && key.bytes().all(|b| (b'!'..=b'~').contains(&b))
+}
+
+/// Whether `text` is not empty but holds only whitespace (an empty `instructions` means none;
+/// a blank one is a mistake).
+fn is_blank(text: &str) -> bool {
+    !text.is_empty() && text.trim().is_empty()
+}
+
 impl CreateRunRequest {
     /// Checks what the request must satisfy by itself: `input` present and not blank, the
     /// strings given non-empty where required and without U+0000 (PostgreSQL cannot store it),
@@ -621,6 +642,17 @@ impl CreateRunRequest {
             if value.is_some_and(|s| s.contains('\0')) {
                 return Err(invalid(field, NUL));
             }
+        }
+        if let Some(key) = &self.client_request_id
+            && !is_idempotency_key(key)
+        {
+            return Err(invalid("client_request_id", IDEMPOTENCY_KEY_RULE));
+        }
+        if self.instructions.as_deref().is_some_and(is_blank) {
+            return Err(invalid(
+                "instructions",
+                "must contain a non-whitespace character (or be empty for none)",
+            ));
         }
         if let Some(ToolChoice::Tool { name }) = &self.tool_choice
             && name.contains('\0')
@@ -884,6 +916,12 @@ impl CreateSessionRequest {
                 if value.is_some_and(|s| s.contains('\0')) {
                     return Err(invalid(field, NUL));
                 }
+            }
+            if defaults.instructions.as_deref().is_some_and(is_blank) {
+                return Err(invalid(
+                    "defaults",
+                    "instructions: must contain a non-whitespace character (or be empty for none)",
+                ));
             }
             defaults
                 .parameters

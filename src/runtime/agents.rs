@@ -198,12 +198,10 @@ impl Runtime {
                             ),
                         ));
                     }
-                    if let Err(error) = jsonschema::validator_for(&definition.parameters) {
+                    if let Err(error) = crate::tools::schema::compile(&definition.parameters) {
                         return Err(invalid(
                             "tools",
-                            format!(
-                                "tools[{index}].parameters is not a valid JSON Schema: {error}"
-                            ),
+                            format!("tools[{index}].parameters {error}"),
                         ));
                     }
                     offered.push(&definition.name);
@@ -281,6 +279,15 @@ impl Runtime {
                 return Err(invalid(
                     "seed",
                     format!("provider `{provider}` (Anthropic) has no seed parameter"),
+                ));
+            }
+            if request.parameters().whitespace_stop() {
+                return Err(invalid(
+                    "stop",
+                    format!(
+                        "provider `{provider}` (Anthropic) refuses stop sequences made only of \
+                         whitespace, such as \"\\n\"; its API requires a non-whitespace character"
+                    ),
                 ));
             }
             // Extended thinking takes no sampling changes (the API refuses them).
@@ -371,6 +378,12 @@ impl Runtime {
         {
             return Err(CreateRunError::UnknownAgent(agent.clone()));
         }
+        if defaults.model.is_some() && defaults.provider.is_none() {
+            return Err(invalid(
+                "defaults",
+                "a `model` needs its `provider`: give `defaults.provider` too",
+            ));
+        }
         if let Some(provider) = &defaults.provider {
             let entry = self
                 .providers
@@ -455,7 +468,7 @@ pub(super) fn model_request(
 /// What a run needs of its agent definition while it executes: the defined tools' compiled
 /// argument schemas and which server tools wait for approval.
 pub(super) struct RunAgent {
-    client: HashMap<String, jsonschema::Validator>,
+    client: HashMap<String, crate::tools::schema::ToolSchema>,
     approval: HashSet<String>,
     /// How long a wait lasts.
     timeout: Duration,
@@ -471,17 +484,16 @@ impl std::fmt::Debug for RunAgent {
 }
 
 impl RunAgent {
-    /// The run's defined tools (their schemas compiled; one that no longer compiles accepts
-    /// any arguments) and its approval list.
+    /// The run's defined tools (their schemas checked and compiled; a stored one that no
+    /// longer passes — a run created before the checks — refuses every call's arguments with
+    /// the reason) and its approval list.
     pub(super) fn of(runtime: &Runtime, record: &RunRecord) -> Self {
         let client = record
             .client_tools()
             .into_iter()
-            .filter_map(|tool| {
-                let validator = jsonschema::validator_for(&tool.parameters)
-                    .ok()
-                    .or_else(|| jsonschema::validator_for(&serde_json::json!({})).ok())?;
-                Some((tool.name.clone(), validator))
+            .map(|tool| {
+                let schema = crate::tools::schema::ToolSchema::new(&tool.parameters);
+                (tool.name.clone(), schema)
             })
             .collect();
         let timeout_ms = record

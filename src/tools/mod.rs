@@ -4,6 +4,7 @@
 pub mod builtin;
 mod http;
 mod mcp;
+pub mod schema;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -117,7 +118,7 @@ pub struct ToolRegistry {
 /// A tool with its compiled schema and how to reach it.
 struct RegisteredTool {
     info: ToolInfo,
-    validator: jsonschema::Validator,
+    validator: schema::ToolSchema,
     backend: Backend,
 }
 
@@ -279,12 +280,26 @@ impl ToolRegistry {
                 info.name, existing.info.source, info.source
             )));
         }
-        let validator = jsonschema::validator_for(&info.parameters).map_err(|e| {
-            ToolSetupError::Invalid(format!(
-                "tool `{}` ({}): its parameters are not a valid JSON Schema: {e}",
-                info.name, info.source
-            ))
-        })?;
+        // A schema that does not compile is the operator's to fix: startup fails. One that
+        // compiles but is unbounded (a `$ref` cycle, too large; an MCP server's list is not
+        // ours to fix) keeps the tool listed, and each call fails with the reason.
+        let validator = schema::ToolSchema::new(&info.parameters);
+        match validator.error() {
+            Some(error @ schema::SchemaError::Invalid(_)) => {
+                return Err(ToolSetupError::Invalid(format!(
+                    "tool `{}` ({}): its parameters {error}",
+                    info.name, info.source
+                )));
+            }
+            Some(error) => tracing::warn!(
+                tool = %info.name,
+                source = %info.source,
+                %error,
+                "every call of this tool will be refused: its parameters schema cannot be \
+                 checked safely"
+            ),
+            None => {}
+        }
         self.tools.insert(
             info.name.clone(),
             RegisteredTool {
@@ -435,31 +450,20 @@ impl ToolRegistry {
 /// Validates `arguments` against a tool's compiled schema.
 ///
 /// # Errors
-/// [`ToolError::InvalidArguments`] listing every violation, each with its JSON path.
+/// [`ToolError::InvalidArguments`] listing the violations (at most
+/// [`schema::MAX_VIOLATIONS`]), each with its JSON path, or saying why the schema cannot be
+/// used.
 pub fn check_arguments(
     name: &str,
-    validator: &jsonschema::Validator,
+    schema: &schema::ToolSchema,
     arguments: &serde_json::Value,
 ) -> Result<(), ToolError> {
-    let violations: Vec<String> = validator
-        .iter_errors(arguments)
-        .map(|error| {
-            let path = error.instance_path.to_string();
-            if path.is_empty() {
-                error.to_string()
-            } else {
-                format!("{path}: {error}")
-            }
-        })
-        .collect();
-    if violations.is_empty() {
-        Ok(())
-    } else {
-        Err(ToolError::InvalidArguments {
+    schema
+        .validate(arguments)
+        .map_err(|reason| ToolError::InvalidArguments {
             tool: name.to_owned(),
-            reason: violations.join("; "),
+            reason,
         })
-    }
 }
 
 /// The idempotency key of one tool call's executions: `<run id>:<call id>` (the call id as the

@@ -36,6 +36,8 @@ mod docker;
 #[cfg(test)]
 mod events;
 #[cfg(test)]
+mod input;
+#[cfg(test)]
 mod migration;
 #[cfg(test)]
 mod net;
