@@ -36,6 +36,8 @@ mod docker;
 #[cfg(test)]
 mod events;
 #[cfg(test)]
+mod local_models;
+#[cfg(test)]
 mod migration;
 #[cfg(test)]
 mod observe;
