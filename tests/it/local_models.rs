@@ -114,6 +114,8 @@ struct LlamaCppPython {
     refused: AtomicUsize,
     /// Answers to give instead of the next (non-summariser) requests, in order.
     instead: std::sync::Mutex<std::collections::VecDeque<Reply>>,
+    /// Whether the window is enforced (default true).
+    enforcing: std::sync::atomic::AtomicBool,
 }
 
 impl LlamaCppPython {
@@ -124,6 +126,7 @@ impl LlamaCppPython {
             empty_streams: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
             instead: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            enforcing: std::sync::atomic::AtomicBool::new(true),
         });
         let answering = Arc::clone(&server);
         fake.respond_with(move |request| Some(answering.answer(request)));
@@ -147,7 +150,7 @@ impl LlamaCppPython {
         }
         let prompt = fake_openai::prompt_tokens(body);
         let max_tokens = body["max_tokens"].as_u64().unwrap_or(MAX_OUTPUT);
-        if prompt + max_tokens > SERVER_WINDOW {
+        if self.enforcing.load(Ordering::SeqCst) && prompt + max_tokens > SERVER_WINDOW {
             if body["stream"] == true {
                 self.empty_streams.fetch_add(1, Ordering::SeqCst);
                 return Reply::sse(&fixture("overflow.sse"));
@@ -538,6 +541,66 @@ fn compacted_request_tokens(fake: &FakeOpenAi, n: usize) -> u64 {
         .expect("a request after the summary")
 }
 
+/// Item 3: the summariser's own overflow, and a manual compaction of a history larger than the
+/// server's window. The session grows past the server's window while the fake does not enforce
+/// it (`auto` off: nothing compacts); then, enforced, `POST /sessions/{id}/compact` sends the
+/// summariser the whole history, which the server refuses (an empty stream, then the `400`):
+/// the transcript is summarised in smaller parts instead of failing (the breaker counts
+/// nothing), and the session's next run fits.
+async fn the_summarisers_overflow_is_split(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let server_model = LlamaCppPython::attach(&fake, Usage::Recorded);
+    server_model.enforcing.store(false, Ordering::SeqCst);
+    let tools = ToolServer::start().await;
+    let mut config = config(&fake.base_url(), &tools, 4 * SERVER_WINDOW, "");
+    config.compaction = Config::from_toml("[compaction]\nauto = false\n")
+        .unwrap()
+        .compaction;
+    let Some(server) = TestServer::start(backend, config).await else {
+        return;
+    };
+    let (session_id, _) = session(&server, 8).await;
+    let history = fake
+        .requests()
+        .last()
+        .map(|r| fake_openai::prompt_tokens(&r.body))
+        .unwrap();
+    assert!(history > SERVER_WINDOW, "{history} tokens");
+    server_model.enforcing.store(true, Ordering::SeqCst);
+    let before = fake.requests().len();
+    let response = server
+        .client
+        .post(server.url(&format!("/sessions/{session_id}/compact")))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["trigger"], "manual");
+    let summariser: Vec<Value> = fake.requests()[before..]
+        .iter()
+        .map(|r| r.body.clone())
+        .filter(is_summariser)
+        .collect();
+    let too_long = |body: &Value| {
+        fake_openai::prompt_tokens(body) + body["max_tokens"].as_u64().unwrap_or(0) > SERVER_WINDOW
+    };
+    assert!(
+        summariser.iter().any(too_long),
+        "the summariser was refused at least once: {summariser:?}"
+    );
+    assert!(
+        summariser.iter().any(|body| !too_long(body)),
+        "then answered in smaller parts"
+    );
+    let breaker = server.get_json("/compaction/circuit-breaker").await;
+    assert_eq!(breaker["consecutive_failures"], 0, "{breaker}");
+    let (frames, record) = run(&server, turn(9, Some(&session_id))).await;
+    assert_eq!(record["status"], "completed", "{record} {frames:?}");
+    server.stop().await;
+}
+
 on_both_backends!(
     a_tool_loop_works_with_default_options,
     a_validation_500_is_not_retried_and_names_its_cause,
@@ -545,4 +608,5 @@ on_both_backends!(
     a_413_compacts_once_and_retries,
     a_truncated_stream_is_a_transport_failure,
     usage_after_a_compaction_is_the_request_sent,
+    the_summarisers_overflow_is_split,
 );
