@@ -217,12 +217,12 @@ def api(port, method, path, body=None):
 def events(port, run_id):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/runs/{run_id}/events",
                                 timeout=900) as resp:
-        types = []
+        events = []
         for line in resp:
             line = line.decode().strip()
-            if line.startswith("event:"):
-                types.append(line.split(":", 1)[1].strip())
-        return types
+            if line.startswith("data:"):
+                events.append(json.loads(line.split(":", 1)[1]))
+        return events
 
 
 def trial(llama_port, turns):
@@ -278,18 +278,18 @@ max_output_tokens = {MAX_OUTPUT}
                 outcomes["failed"] += 1
                 continue
             session = created["session_id"]
-            kinds = events(behest_port, created["run_id"])
+            logged = events(behest_port, created["run_id"])
+            kinds = [event["type"] for event in logged]
+            for event in logged:
+                if event["type"] == "context_compacted":
+                    compactions[event["trigger"]] += 1
             _, run = api(behest_port, "GET", f"/runs/{created['run_id']}")
             outcomes[run["status"]] = outcomes.get(run["status"], 0) + 1
-            _, frames = None, kinds
             compacted = kinds.count("context_compacted")
             print(f"turn {n:2}: {run['status']:9} iterations {run['iterations']} "
                   f"tool calls {kinds.count('tool_call_completed')} compactions {compacted} "
                   f"input tokens {run['total_usage']['input_tokens']} "
                   f"{run.get('error_class') or ''} {(run.get('error') or '')[:120]}")
-        _, messages = api(behest_port, "GET", f"/sessions/{session}/messages?limit=1000")
-        for c in messages.get("compactions", []) if isinstance(messages, dict) else []:
-            compactions[c["trigger"]] = compactions.get(c["trigger"], 0) + 1
         status, manual = api(behest_port, "POST", f"/sessions/{session}/compact")
         print(f"manual compaction: HTTP {status} "
               f"{manual.get('tokens_before')} -> {manual.get('tokens_after')} tokens"
