@@ -380,9 +380,11 @@ pub struct ProviderConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens_field: Option<MaxTokensField>,
     /// `kind = "openai"`: the `content` of an assistant message that has tool calls and no
-    /// text; default `null` (OpenAI's own format).
-    #[serde(default)]
-    pub assistant_tool_call_content: AssistantToolCallContent,
+    /// text. Default (absent): `null` (OpenAI's own format) when the base URL's host is
+    /// `api.openai.com`, else `""`, which every compatible server accepts (`llama-cpp-python`'s
+    /// server answers `500` to `null`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assistant_tool_call_content: Option<AssistantToolCallContent>,
     /// `kind = "openai"`: which assistant messages carry their reasoning back as
     /// `reasoning_content`; default `none`.
     #[serde(default)]
@@ -424,12 +426,11 @@ pub enum MaxTokensField {
 }
 
 /// `assistant_tool_call_content`: how an assistant message with tool calls and no text
-/// carries its `content` (some compatible servers reject `null`, others `""`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// carries its `content` (some compatible servers reject `null`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AssistantToolCallContent {
     /// `"content": null` (OpenAI's documented format).
-    #[default]
     Null,
     /// `"content": ""`.
     Empty,
@@ -832,8 +833,11 @@ impl Config {
                 provider.api_key = Some(Secret(SecretString::from(key)));
             }
         }
+        // Settings that cannot fit a configured model would never compact its requests
+        // before the provider refuses one: refused here, naming the model and the arithmetic.
         self.compaction
             .check_values(&self.model_windows())
+            .and_then(|()| self.compaction.check_fit(&self.model_windows()))
             .map_err(|problem| {
                 ConfigError::Check(format!("compaction.{} {}", problem.field, problem.reason))
             })?;
@@ -960,7 +964,7 @@ fn provider_options_check(id: &str, provider: &ProviderConfig) -> Result<(), Con
             ProviderKind::Openai,
         ),
         (
-            provider.assistant_tool_call_content != AssistantToolCallContent::Null,
+            provider.assistant_tool_call_content.is_some(),
             "assistant_tool_call_content",
             ProviderKind::Openai,
         ),
@@ -1046,7 +1050,7 @@ mod tests {
         );
         assert_eq!(
             provider.assistant_tool_call_content,
-            AssistantToolCallContent::Omit
+            Some(AssistantToolCallContent::Omit)
         );
         assert_eq!(provider.reasoning_replay, ReasoningReplay::ToolTurns);
         assert_eq!(provider.reasoning_effort, Some(ReasoningEffort::High));
@@ -1103,7 +1107,7 @@ mod tests {
         assert_eq!(
             config.compaction,
             CompactionConfig {
-                keep_tokens: 3000,
+                keep_tokens: Some(3000),
                 prune: true,
                 provider: "x".to_owned(),
                 model: "m".to_owned(),
@@ -1121,6 +1125,16 @@ mod tests {
             ("tail_turns = 5000", "compaction.tail_turns"),
             ("keep_tokenz = 1", "keep_tokenz"),
             ("keep_tokens = -1", "keep_tokens"),
+            // 10,000 − 2,000 − 1,000 (an eighth of 8,000) leaves 7,000: a tail of 7,000 cannot
+            // fit below it; startup names the model and the arithmetic.
+            (
+                "keep_tokens = 7000",
+                "compaction.keep_tokens does not fit model `m` of provider `x`",
+            ),
+            (
+                "buffer_tokens = 8000",
+                "compaction.buffer_tokens does not fit model `m`",
+            ),
         ] {
             let error = Config::from_toml(&format!("[compaction]\n{section}\n{provider}"))
                 .err()

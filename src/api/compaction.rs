@@ -52,7 +52,9 @@ pub struct CompactionConfigPatch {
 fn expectation(field: &str) -> &'static str {
     match field {
         "auto" | "prune" => "must be true or false",
-        "buffer_tokens" | "keep_tokens" => "must be a non-negative integer (tokens)",
+        "buffer_tokens" | "keep_tokens" => {
+            "must be a non-negative integer (tokens), or null (relative to each model's window)"
+        }
         "tail_turns" => "must be an integer from 0 to 1000",
         "circuit_breaker_threshold" => "must be an integer from 1 to 1000",
         _ => "must be a string",
@@ -63,7 +65,8 @@ fn invalid(field: &str, detail: String) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).field(field)
 }
 
-/// Sets `field` of `config` from a JSON value (`null`: from `initial`).
+/// Sets `field` of `config` from a JSON value (`null`: from `initial`, which leaves
+/// `buffer_tokens` and `keep_tokens` unset unless the config file sets them).
 fn set(
     config: &mut CompactionConfig,
     initial: &CompactionConfig,
@@ -94,8 +97,8 @@ fn set(
     match field {
         "auto" => config.auto = value.as_bool().ok_or_else(wrong)?,
         "prune" => config.prune = value.as_bool().ok_or_else(wrong)?,
-        "buffer_tokens" => config.buffer_tokens = value.as_u64().ok_or_else(wrong)?,
-        "keep_tokens" => config.keep_tokens = value.as_u64().ok_or_else(wrong)?,
+        "buffer_tokens" => config.buffer_tokens = Some(value.as_u64().ok_or_else(wrong)?),
+        "keep_tokens" => config.keep_tokens = Some(value.as_u64().ok_or_else(wrong)?),
         "tail_turns" => config.tail_turns = small(value)?,
         "circuit_breaker_threshold" => config.circuit_breaker_threshold = small(value)?,
         "model" => config.model = value.as_str().ok_or_else(wrong)?.to_owned(),
@@ -140,6 +143,11 @@ fn merged(
                 .field(field));
             }
             None => {}
+            // Null in a replacement: unset, relative to each model's window.
+            Some(Value::Null) if replace && field == "buffer_tokens" => {
+                config.buffer_tokens = None;
+            }
+            Some(Value::Null) if replace && field == "keep_tokens" => config.keep_tokens = None,
             Some(Value::Null) if replace => {
                 return Err(invalid(field, format!("`{field}` {}", expectation(field))));
             }
@@ -187,9 +195,10 @@ async fn update(
 /// Read the compaction settings (proto `CompactionService.GetCompactionConfig`).
 ///
 /// The settings in force: the ones stored through `PUT`/`PATCH /compaction` once there are any,
-/// else the config file's `[compaction]`, else the seed's defaults (`auto` true, `prune` false,
-/// `buffer_tokens` 20000, `keep_tokens` 8000, `tail_turns` 2, `model` and `provider` empty: the
-/// run's own, `circuit_breaker_threshold` 3).
+/// else the config file's `[compaction]`, else the defaults (`auto` true, `prune` false,
+/// `buffer_tokens` and `keep_tokens` null: relative to each model's window, at most 20000 and
+/// 8000, `tail_turns` 2, `model` and `provider` empty: the run's own,
+/// `circuit_breaker_threshold` 3).
 #[utoipa::path(get, path = "/compaction", tag = "compaction",
     responses((status = 200, description = "The settings in force", body = CompactionConfig)))]
 pub async fn get_compaction_config(
@@ -200,7 +209,8 @@ pub async fn get_compaction_config(
 
 /// Replace the compaction settings (proto `CompactionService.UpdateCompactionConfig`).
 ///
-/// Every field is required. The settings are stored (they survive a restart and win over the
+/// Every field is required (`buffer_tokens` and `keep_tokens` may be null: relative to each
+/// model's window). The settings are stored (they survive a restart and win over the
 /// config file's `[compaction]`) and apply from the next model call of any run. A rejected
 /// request changes nothing.
 #[utoipa::path(put, path = "/compaction", tag = "compaction",

@@ -29,13 +29,17 @@ pub struct CompactionConfig {
     /// false.
     pub prune: bool,
     /// Tokens kept free below `context_window − max_output_tokens`: compaction starts when the
-    /// request would pass `context_window − max_output_tokens − buffer_tokens`; default 20000.
-    #[schema(minimum = 0)]
-    pub buffer_tokens: u64,
-    /// Most tokens of the newest turns kept verbatim after a compaction; default 8000. It must be
-    /// below `context_window − max_output_tokens − buffer_tokens` of every configured model.
-    #[schema(minimum = 0)]
-    pub keep_tokens: u64,
+    /// request would pass `context_window − max_output_tokens − buffer_tokens`. Null (the
+    /// default): relative to each model's window, 20000 or an eighth of `context_window −
+    /// max_output_tokens`, whichever is less.
+    #[schema(minimum = 0, required = true)]
+    pub buffer_tokens: Option<u64>,
+    /// Most tokens of the newest turns kept verbatim after a compaction. Null (the default):
+    /// relative to each model's window, 8000 or a quarter of `context_window −
+    /// max_output_tokens`, whichever is less. Set, it must be below `context_window −
+    /// max_output_tokens − buffer_tokens` of every configured model.
+    #[schema(minimum = 0, required = true)]
+    pub keep_tokens: Option<u64>,
     /// Most turns (a user input and everything after it) kept verbatim after a compaction, the
     /// current one included; 0 keeps only the latest user input; default 2.
     #[schema(minimum = 0, maximum = 1000)]
@@ -58,8 +62,8 @@ impl Default for CompactionConfig {
         Self {
             auto: true,
             prune: false,
-            buffer_tokens: 20_000,
-            keep_tokens: 8_000,
+            buffer_tokens: None,
+            keep_tokens: None,
             tail_turns: 2,
             model: String::new(),
             provider: String::new(),
@@ -82,6 +86,29 @@ impl CompactionConfig {
     ];
 }
 
+/// `buffer_tokens` when unset, at most (tokens).
+pub const DEFAULT_BUFFER_TOKENS: u64 = 20_000;
+/// `keep_tokens` when unset, at most (tokens).
+pub const DEFAULT_KEEP_TOKENS: u64 = 8_000;
+
+impl CompactionConfig {
+    /// `buffer_tokens` for a model whose `context_window − max_output_tokens` is `room`
+    /// tokens: the set value, else [`DEFAULT_BUFFER_TOKENS`] or `room / 8`, whichever is less.
+    #[must_use]
+    pub fn buffer_for(&self, room: u64) -> u64 {
+        self.buffer_tokens
+            .unwrap_or_else(|| DEFAULT_BUFFER_TOKENS.min(room / 8))
+    }
+
+    /// `keep_tokens` for a model whose `context_window − max_output_tokens` is `room` tokens:
+    /// the set value, else [`DEFAULT_KEEP_TOKENS`] or `room / 4`, whichever is less.
+    #[must_use]
+    pub fn keep_for(&self, room: u64) -> u64 {
+        self.keep_tokens
+            .unwrap_or_else(|| DEFAULT_KEEP_TOKENS.min(room / 4))
+    }
+}
+
 /// Most `tail_turns`.
 pub const MAX_TAIL_TURNS: u32 = 1000;
 /// Most `circuit_breaker_threshold`.
@@ -101,13 +128,17 @@ pub struct ModelWindow<'a> {
 }
 
 impl ModelWindow<'_> {
+    /// `context_window − max_output_tokens` (0 when the output takes it all).
+    #[must_use]
+    pub fn room(&self) -> u64 {
+        self.context_window.saturating_sub(self.max_output_tokens)
+    }
+
     /// The size a request may reach before compaction: `context_window − max_output_tokens −
     /// buffer_tokens` (0 when the buffer takes it all).
     #[must_use]
     pub fn threshold(&self, buffer_tokens: u64) -> u64 {
-        self.context_window
-            .saturating_sub(self.max_output_tokens)
-            .saturating_sub(buffer_tokens)
+        self.room().saturating_sub(buffer_tokens)
     }
 }
 
@@ -192,23 +223,25 @@ impl CompactionConfig {
         }
     }
 
-    /// Checks that `buffer_tokens` and `keep_tokens` fit every configured model: a tail of
-    /// `keep_tokens` must stay below the model's threshold (`context_window − max_output_tokens
-    /// − buffer_tokens`), or compaction could never bring a request under it.
+    /// Checks that `buffer_tokens` and `keep_tokens` (each as it applies to the model: set, or
+    /// relative to its window) fit every configured model: a tail of `keep_tokens` must stay
+    /// below the model's threshold (`context_window − max_output_tokens − buffer_tokens`), or
+    /// compaction could never bring a request under it. Unset values always fit.
     ///
     /// # Errors
     /// A [`SettingsProblem`] naming `buffer_tokens` (it leaves no room at all) or `keep_tokens`,
     /// and the model with the tightest window.
     pub fn check_fit(&self, models: &[ModelWindow<'_>]) -> Result<(), SettingsProblem> {
+        let threshold = |m: &ModelWindow<'_>| m.threshold(self.buffer_for(m.room()));
         let tightest = models
             .iter()
-            .filter(|m| m.threshold(self.buffer_tokens) <= self.keep_tokens)
-            .min_by_key(|m| m.threshold(self.buffer_tokens));
+            .filter(|m| threshold(m) <= self.keep_for(m.room()))
+            .min_by_key(|m| threshold(m));
         let Some(model) = tightest else {
             return Ok(());
         };
-        let room = model.threshold(self.buffer_tokens);
-        let field = if room == 0 {
+        let room = threshold(model);
+        let field = if room == 0 || self.keep_tokens.is_none() {
             "buffer_tokens"
         } else {
             "keep_tokens"
@@ -224,8 +257,8 @@ impl CompactionConfig {
                 model.provider,
                 model.context_window,
                 model.max_output_tokens,
-                self.buffer_tokens,
-                self.keep_tokens
+                self.buffer_for(model.room()),
+                self.keep_for(model.room())
             ),
         })
     }

@@ -177,13 +177,14 @@ impl ErrorDetail {
 }
 
 /// The class of an error answer: by the error's `type` when it is one Anthropic documents,
-/// else by HTTP status; `invalid_request_error` (400) about the prompt's length is
+/// else by HTTP status; `invalid_request_error` (400) about the prompt's length, and
+/// `request_too_large` or any `413` (the API's or a proxy's size limit), are
 /// `context_length_exceeded`.
 fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
     let by_kind = match detail.kind.as_deref() {
-        Some("invalid_request_error" | "not_found_error" | "request_too_large") => {
-            Some(ErrorClass::InvalidRequest)
-        }
+        Some("invalid_request_error" | "not_found_error") => Some(ErrorClass::InvalidRequest),
+        // 413: the request's size; a compaction shrinks it.
+        Some("request_too_large") => Some(ErrorClass::ContextLengthExceeded),
         Some("authentication_error" | "permission_error") => Some(ErrorClass::Auth),
         Some("rate_limit_error") => Some(ErrorClass::RateLimited),
         Some("overloaded_error") => Some(ErrorClass::Overloaded),
@@ -196,6 +197,7 @@ fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
         429 => ErrorClass::RateLimited,
         503 | 529 => ErrorClass::Overloaded,
         408 | 504 => ErrorClass::Timeout,
+        413 => ErrorClass::ContextLengthExceeded,
         400..=499 => ErrorClass::InvalidRequest,
         _ => ErrorClass::Server,
     });

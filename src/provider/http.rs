@@ -257,9 +257,68 @@ impl Endpoint {
         ProviderError,
     > {
         let deadlines = Deadlines::start(&self.timeouts);
-        let response = send(&self.id, builder, &deadlines, read_error).await?;
+        let response = send(&self.id, builder, &deadlines, read_error, Expect::Stream).await?;
         Ok(with_timeouts(response.bytes_stream(), deadlines))
     }
+}
+
+impl Endpoint {
+    /// `POST {base_url}{path}` of a JSON body, asking for a JSON answer (a call without
+    /// streaming).
+    pub(super) fn post_json(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.base_url))
+            .header(ACCEPT, "application/json")
+            .json(body)
+    }
+
+    /// Sends a request that is answered without streaming and returns the 2xx answer's body
+    /// (at most [`MAX_COMPLETION_BYTES`]), under the first-byte and total deadlines.
+    ///
+    /// # Errors
+    /// As [`send`] for an error answer or a failed connection; `transport` when the body
+    /// cannot be read.
+    pub(super) async fn complete(
+        &self,
+        builder: reqwest::RequestBuilder,
+        read_error: impl FnOnce(Option<u16>, &[u8]) -> (ErrorClass, Option<String>),
+    ) -> Result<Vec<u8>, ProviderError> {
+        let deadlines = Deadlines::start(&self.timeouts);
+        let response = send(&self.id, builder, &deadlines, read_error, Expect::Json).await?;
+        let mut body = Vec::new();
+        let mut response = response;
+        while body.len() < MAX_COMPLETION_BYTES {
+            match tokio::time::timeout_at(deadlines.total, response.chunk()).await {
+                Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
+                Ok(Ok(None)) => return Ok(body),
+                Ok(Err(e)) => {
+                    let error = ReadError::from(e);
+                    return Err(ProviderError::new(&self.id, error.class, error.message));
+                }
+                Err(_) => {
+                    let message = format!("total timeout ({} ms)", self.timeouts.total_ms);
+                    return Err(ProviderError::new(&self.id, ErrorClass::Timeout, message));
+                }
+            }
+        }
+        Ok(body)
+    }
+}
+
+/// Most bytes of a completion answered without streaming (16 MiB).
+pub(super) const MAX_COMPLETION_BYTES: usize = 16 * 1024 * 1024;
+
+/// What a 2xx answer must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// An event stream (`text/event-stream`, or no content type).
+    Stream,
+    /// Anything (read as JSON by the caller).
+    Json,
 }
 
 /// An HTTP client with the provider's connect timeout (ms) and behest's user agent.
@@ -280,7 +339,8 @@ fn client(id: &str, config: &ProviderConfig) -> Result<reqwest::Client, Provider
 }
 
 /// Sends a request and waits for its answer until the first-byte (or total) deadline. A 2xx
-/// `text/event-stream` answer (or one without a content type) is the event stream; of any
+/// `text/event-stream` answer (or one without a content type; any 2xx with
+/// [`Expect::Json`]) is the answer; of any
 /// other answer at most [`MAX_ERROR_BODY_BYTES`] of the body are read and handed, with the
 /// status (`None` for a 2xx), to `read_error`, which classifies them by the wire format's
 /// error body and returns the provider's own message when it gave one.
@@ -296,6 +356,7 @@ async fn send(
     builder: reqwest::RequestBuilder,
     deadlines: &Deadlines,
     read_error: impl FnOnce(Option<u16>, &[u8]) -> (ErrorClass, Option<String>),
+    expect: Expect,
 ) -> Result<reqwest::Response, ProviderError> {
     let (deadline, which) = deadlines.first_byte();
     let response = match tokio::time::timeout_at(deadline, builder.send()).await {
@@ -310,9 +371,10 @@ async fn send(
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim().to_ascii_lowercase());
     if status.is_success() {
-        if content_type
-            .as_deref()
-            .is_none_or(|v| v.starts_with("text/event-stream"))
+        if expect == Expect::Json
+            || content_type
+                .as_deref()
+                .is_none_or(|v| v.starts_with("text/event-stream"))
         {
             return Ok(response);
         }

@@ -6,7 +6,7 @@
 //! <https://platform.openai.com/docs/api-reference/chat-streaming>).
 
 use async_trait::async_trait;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -63,7 +63,9 @@ impl Options {
             max_tokens_field: config
                 .max_tokens_field
                 .unwrap_or_else(|| default_max_tokens_field(&config.base_url)),
-            assistant_tool_call_content: config.assistant_tool_call_content,
+            assistant_tool_call_content: config
+                .assistant_tool_call_content
+                .unwrap_or_else(|| default_assistant_tool_call_content(&config.base_url)),
             reasoning_replay: config.reasoning_replay,
             reasoning_effort: config.reasoning_effort,
             instructions_role: config.instructions_role,
@@ -71,15 +73,31 @@ impl Options {
     }
 }
 
-/// `max_completion_tokens` when the base URL's host is `api.openai.com`, else `max_tokens`.
-fn default_max_tokens_field(base_url: &str) -> MaxTokensField {
+/// Whether the base URL's host is `api.openai.com`.
+fn is_openai(base_url: &str) -> bool {
     let host = reqwest::Url::parse(base_url)
         .ok()
         .and_then(|url| url.host_str().map(str::to_ascii_lowercase));
-    if host.as_deref() == Some("api.openai.com") {
+    host.as_deref() == Some("api.openai.com")
+}
+
+/// `max_completion_tokens` when the base URL's host is `api.openai.com`, else `max_tokens`.
+fn default_max_tokens_field(base_url: &str) -> MaxTokensField {
+    if is_openai(base_url) {
         MaxTokensField::MaxCompletionTokens
     } else {
         MaxTokensField::MaxTokens
+    }
+}
+
+/// `null` (OpenAI's documented format) when the base URL's host is `api.openai.com`, else
+/// `""`: what every compatible server accepts (`llama-cpp-python`'s server answers `500` to a
+/// `null` content, see `tests/fixtures/llama_cpp_python/`).
+fn default_assistant_tool_call_content(base_url: &str) -> AssistantToolCallContent {
+    if is_openai(base_url) {
+        AssistantToolCallContent::Null
+    } else {
+        AssistantToolCallContent::Empty
     }
 }
 
@@ -118,8 +136,90 @@ impl Provider for OpenAi {
             })
             .await?;
         let ids = CallIds::of_history(&request.messages);
-        Ok(sse::parse(bytes, Parser::new(&self.endpoint.id, ids)))
+        let mut stream = sse::parse(bytes, Parser::new(&self.endpoint.id, ids));
+        match stream.next().await {
+            Some(Err(error)) if sse::is_empty_stream(&error) => self.unstreamed(&request).await,
+            Some(first) => Ok(futures::stream::once(async move { first })
+                .chain(stream)
+                .boxed()),
+            None => Ok(futures::stream::empty().boxed()),
+        }
     }
+}
+
+impl OpenAi {
+    /// The request made again without streaming, after a `200` event stream that held no
+    /// event: `llama-cpp-python`'s server answers an over-long streaming request so, and the
+    /// same request without `stream` gets its real error (`400 context_length_exceeded`), or a
+    /// completion, replayed as the events of a stream. A connection that fails is tried once
+    /// more.
+    ///
+    /// # Errors
+    /// The answer's error, classified as any other; the connection's when it fails twice.
+    async fn unstreamed(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
+        tracing::info!(
+            provider = %self.endpoint.id,
+            "empty event stream; asking again without streaming to read the error"
+        );
+        let mut body = request_body(request, &self.options);
+        if let Some(object) = body.as_object_mut() {
+            object.insert("stream".to_owned(), Value::Bool(false));
+            object.remove("stream_options");
+        }
+        let mut tries = 0;
+        let answer = loop {
+            tries += 1;
+            let mut builder = self.endpoint.post_json("/chat/completions", &body);
+            if let Some(key) = self.endpoint.api_key() {
+                builder = builder.bearer_auth(key);
+            }
+            let answer = self
+                .endpoint
+                .complete(builder, |status, body| {
+                    let detail = ErrorDetail::from_body(body);
+                    (classify(status, &detail), detail.message)
+                })
+                .await;
+            match answer {
+                Err(error) if error.class == ErrorClass::Transport && tries < 2 => {}
+                answer => break answer?,
+            }
+        };
+        let ids = CallIds::of_history(&request.messages);
+        Ok(completion_events(
+            Parser::new(&self.endpoint.id, ids),
+            &answer,
+        ))
+    }
+}
+
+/// The events of a whole `chat.completion` (an answer without streaming): its choices'
+/// `message` read as one chunk's `delta`, then the normal end.
+fn completion_events(mut parser: Parser, body: &[u8]) -> ModelStream {
+    let mut out = Out::new();
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(mut completion)) => {
+            if let Some(Value::Array(choices)) = completion.get_mut("choices") {
+                for choice in choices.iter_mut().filter_map(Value::as_object_mut) {
+                    if let Some(message) = choice.remove("message") {
+                        choice.insert("delta".to_owned(), message);
+                    }
+                }
+            }
+            let chunk = Value::Object(completion).to_string();
+            if parser.on_event("message", &chunk, &mut out) == Step::Continue {
+                parser.finish_events(&mut out);
+            }
+        }
+        _ => out.push_back(Err(parser.error(
+            ErrorClass::Server,
+            format!(
+                "the answer without streaming is not a completion: {}",
+                excerpt(&String::from_utf8_lossy(body))
+            ),
+        ))),
+    }
+    futures::stream::iter(out).boxed()
 }
 
 /// What an error body or an in-stream error object says.
@@ -148,12 +248,13 @@ impl ErrorDetail {
     fn from_error(error: &Value) -> Self {
         let mut detail = Self::default();
         match error {
-            Value::String(message) => detail.message = Some(message.clone()),
+            Value::String(message) => detail.message = Some(most_specific(message)),
             Value::Object(object) => {
                 detail.message = ["message", "detail", "error"]
                     .iter()
                     .find_map(|key| object.get(*key).and_then(Value::as_str))
-                    .map(str::to_owned);
+                    .map(most_specific)
+                    .or_else(|| object.get("detail").and_then(fastapi_detail));
                 for key in ["code", "type", "status"] {
                     match object.get(key) {
                         Some(Value::String(code)) => detail.codes.push(code.clone()),
@@ -167,6 +268,17 @@ impl ErrorDetail {
             _ => {}
         }
         detail
+    }
+
+    /// Whether the message states that the request failed validation: pydantic's "N
+    /// validation error(s) for …" (`llama-cpp-python`'s server answers `500` with it), FastAPI's
+    /// list of errors, or "validation error" in any wording. Such an answer is the same on
+    /// every try.
+    fn states_validation_failure(&self) -> bool {
+        let message = self.message.as_deref().unwrap_or("").to_lowercase();
+        message.contains("validation error")
+            || message.contains("validationerror")
+            || self.has_code("validation")
     }
 
     fn has_code(&self, needle: &str) -> bool {
@@ -203,15 +315,117 @@ impl ErrorDetail {
     }
 }
 
+/// The message of a validation failure as one line: its heading and the error that names the
+/// cause — the first that is neither a union member's literal mismatch (`literal_error`, e.g.
+/// "Input should be 'system'" for an assistant message) nor a missing field, else the first.
+/// Two layouts are read: pydantic's own ("N validation errors for Model", then per error a
+/// location line and a message line with `[type=…]`) and the list `llama-cpp-python`'s server
+/// sends ("N validation errors:", then one Python dict per line with `type`, `loc`, `msg`; a
+/// traceback after them). Any other message is returned as it is.
+fn most_specific(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with("For further information"))
+        .take_while(|line| !line.starts_with("File \"") && !line.starts_with("Traceback"))
+        .collect();
+    let Some((heading, rest)) = lines.split_first() else {
+        return message.to_owned();
+    };
+    let is_heading = heading
+        .split_once(' ')
+        .is_some_and(|(n, tail)| n.parse::<u32>().is_ok() && tail.starts_with("validation error"));
+    if !is_heading || rest.is_empty() {
+        return message.to_owned();
+    }
+    // (type, location, message) of each error.
+    let errors: Vec<(String, String, String)> = if rest.iter().all(|line| line.starts_with('{')) {
+        rest.iter().filter_map(|line| python_error(line)).collect()
+    } else {
+        rest.chunks(2)
+            .filter_map(|pair| match pair {
+                [location, error] => {
+                    let kind = error
+                        .split_once("[type=")
+                        .and_then(|(_, tail)| tail.split([',', ']']).next())
+                        .unwrap_or_default();
+                    Some((kind.to_owned(), (*location).to_owned(), (*error).to_owned()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let telling =
+        |(kind, _, _): &&(String, String, String)| kind != "literal_error" && kind != "missing";
+    let Some((_, location, error)) = errors.iter().find(telling).or_else(|| errors.first()) else {
+        return message.to_owned();
+    };
+    format!("{}: {location}: {error}", heading.trim_end_matches(':'))
+}
+
+/// `type`, `loc` (dot-joined) and `msg` of one error printed as a Python dict, e.g.
+/// `{'type': 'string_type', 'loc': ('body', 'messages', 1, 'content'), 'msg': 'Input should be
+/// a valid string', 'input': None}`.
+fn python_error(line: &str) -> Option<(String, String, String)> {
+    /// The Python string literal at the start of `text` (quoted with `'` or `"`).
+    fn literal(text: &str) -> Option<&str> {
+        let quote = text.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+        let body = text.get(1..)?;
+        body.find(quote).and_then(|end| body.get(..end))
+    }
+    let after = |key: &str| line.split_once(&format!("'{key}': ")).map(|(_, tail)| tail);
+    let kind = literal(after("type")?)?;
+    let msg = literal(after("msg")?)?;
+    let loc = after("loc")
+        .and_then(|tail| tail.strip_prefix('('))
+        .and_then(|tail| tail.split_once(')'))
+        .map(|(inside, _)| {
+            inside
+                .split(", ")
+                .map(|part| part.trim_matches(['\'', '"']))
+                .filter(|part| !part.is_empty())
+                .collect::<Vec<_>>()
+                .join(".")
+        })
+        .unwrap_or_default();
+    Some((kind.to_owned(), loc, msg.to_owned()))
+}
+
+/// FastAPI's `{"detail": [{"loc": […], "msg": "…"}, …]}` (a `422`): the first error as
+/// `loc: msg`.
+fn fastapi_detail(detail: &Value) -> Option<String> {
+    let first = detail.as_array()?.first()?;
+    let message = first.get("msg")?.as_str()?;
+    let location = first
+        .get("loc")
+        .and_then(Value::as_array)
+        .map(|parts| {
+            parts
+                .iter()
+                .map(|part| match part {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(".")
+        })
+        .unwrap_or_default();
+    Some(format!("validation error: {location}: {message}"))
+}
+
 /// The class of an error answer: by HTTP status when there is one, else by the error's
-/// `code`/`type` (in-stream errors).
+/// `code`/`type` (in-stream errors). A `5xx` whose body states a validation failure is
+/// `invalid_request` (deterministic: never retried).
 fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
     match status.or(detail.status) {
+        Some(500..=599) if detail.states_validation_failure() => ErrorClass::InvalidRequest,
         Some(401 | 403) => ErrorClass::Auth,
         Some(429) => ErrorClass::RateLimited,
         Some(503 | 529) => ErrorClass::Overloaded,
         Some(408) => ErrorClass::Timeout,
-        Some(400 | 404 | 413 | 422 | 500) if detail.is_context_length() => {
+        // 413: the server, or a proxy in front of it, refuses the request's size.
+        Some(413) => ErrorClass::ContextLengthExceeded,
+        Some(400 | 404 | 422 | 500) if detail.is_context_length() => {
             ErrorClass::ContextLengthExceeded
         }
         Some(400..=499) => ErrorClass::InvalidRequest,
@@ -893,10 +1107,18 @@ impl StreamParser for Parser {
         Step::Continue
     }
 
-    /// A clean end without `[DONE]` is the normal end (with `Unknown` when no finish reason
-    /// came): only a cut connection is a `transport` error.
+    /// A clean end without `[DONE]` after a finish reason is the normal end (some servers
+    /// leave `[DONE]` out); without either, the server (or a proxy) closed the stream midway:
+    /// a `transport` error, retried when nothing was shown yet, never a completed answer.
     fn end_of_body(&mut self, out: &mut Out) {
-        self.finish_events(out);
+        if self.finish.is_some() {
+            self.finish_events(out);
+        } else {
+            out.push_back(Err(self.error(
+                ErrorClass::Transport,
+                "the stream ended without `[DONE]` or a finish reason (closed midway)",
+            )));
+        }
     }
 
     fn finish_events(&mut self, out: &mut Out) {

@@ -88,7 +88,7 @@ where
                     } else {
                         let head = driver.head.lock().unwrap_or_else(PoisonError::into_inner);
                         let message = if head.iter().all(u8::is_ascii_whitespace) {
-                            "the answer is an empty event stream".to_owned()
+                            EMPTY_STREAM.to_owned()
                         } else {
                             format!(
                                 "the answer is not an event stream: {}",
@@ -131,6 +131,15 @@ struct Driver<S, P> {
     any_event: bool,
     /// The body's first [`HEAD_BYTES`] bytes, quoted when it holds no event.
     head: Arc<Mutex<Vec<u8>>>,
+}
+
+/// The message of the `server` error for a 2xx event stream that ended without any event and
+/// without any byte but whitespace.
+const EMPTY_STREAM: &str = "the answer is an empty event stream";
+
+/// Whether `error` is [`parse`]'s error for an empty event stream.
+pub(super) fn is_empty_stream(error: &ProviderError) -> bool {
+    error.class == ErrorClass::Server && error.status.is_none() && error.message == EMPTY_STREAM
 }
 
 /// Bytes of the body kept for an error message when it holds no event.

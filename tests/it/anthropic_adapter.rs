@@ -42,7 +42,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
             },
         )]),
         max_tokens_field: None,
-        assistant_tool_call_content: AssistantToolCallContent::Null,
+        assistant_tool_call_content: Some(AssistantToolCallContent::Null),
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
         instructions_role: Default::default(),

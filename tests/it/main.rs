@@ -38,6 +38,8 @@ mod events;
 #[cfg(test)]
 mod input;
 #[cfg(test)]
+mod local_models;
+#[cfg(test)]
 mod migration;
 #[cfg(test)]
 mod net;

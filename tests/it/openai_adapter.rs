@@ -43,7 +43,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
             },
         )]),
         max_tokens_field: None,
-        assistant_tool_call_content: AssistantToolCallContent::Null,
+        assistant_tool_call_content: Some(AssistantToolCallContent::Null),
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
         instructions_role: Default::default(),
@@ -580,11 +580,16 @@ async fn answers_that_are_not_event_streams_say_what_arrived() -> TestResult {
             Some(200),
             "an empty body",
         ),
+        // An empty event stream is asked again without streaming (`local_models`).
         (
-            Reply::sse(b""),
-            ErrorClass::Server,
-            None,
-            "the answer is an empty event stream",
+            Reply::raw(
+                413,
+                "text/html",
+                b"<html><head><title>413 Request Entity Too Large</title></head><body></body></html>",
+            ),
+            ErrorClass::ContextLengthExceeded,
+            Some(413),
+            "413 Request Entity Too Large",
         ),
         (
             Reply::raw(502, "text/html", bad_gateway.as_bytes()),

@@ -42,7 +42,7 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
             },
         )]),
         max_tokens_field: None,
-        assistant_tool_call_content: AssistantToolCallContent::Null,
+        assistant_tool_call_content: Some(AssistantToolCallContent::Null),
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
         instructions_role: Default::default(),

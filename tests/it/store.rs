@@ -1074,7 +1074,7 @@ async fn compactions_context_settings_and_breaker(backend: Backend) {
     assert_eq!(store.compaction_config().await.unwrap(), None);
     let settings = behest::domain::CompactionConfig {
         prune: true,
-        keep_tokens: 1_234,
+        keep_tokens: Some(1_234),
         provider: "fake".to_owned(),
         model: "fake-model".to_owned(),
         ..behest::domain::CompactionConfig::default()

@@ -358,7 +358,7 @@ fn http_errors_are_classified() {
             413,
             "request_too_large",
             "Request exceeds the maximum allowed number of bytes.",
-            ErrorClass::InvalidRequest,
+            ErrorClass::ContextLengthExceeded,
         ),
         (
             429,

@@ -443,12 +443,14 @@ fn end_without_done_after_finish_is_accepted() {
 }
 
 #[test]
-fn clean_end_without_done_or_finish_is_unknown() {
+fn clean_end_without_done_or_finish_is_a_transport_error() {
     let body = [chunk(json!({"content": "a"}), None)].concat();
-    assert_eq!(
-        parse(&body),
-        vec![text("a"), finished(FinishReason::Unknown)]
-    );
+    let items = parse(&body);
+    assert_eq!(items.len(), 2, "{items:?}");
+    assert_eq!(items[0], text("a"));
+    let error = error_of(&items).unwrap();
+    assert_eq!(error.class, ErrorClass::Transport, "{error:?}");
+    assert!(error.message.contains("[DONE]"), "{}", error.message);
 }
 
 #[test]
@@ -623,7 +625,7 @@ fn statuses_are_classified() {
     assert_eq!(class_of(400, vllm), ErrorClass::ContextLengthExceeded);
     assert_eq!(
         class_of(413, "request too large"),
-        ErrorClass::InvalidRequest
+        ErrorClass::ContextLengthExceeded
     );
 }
 
@@ -1247,6 +1249,10 @@ fn assistant_tool_call_content_option_and_max_tokens_field() {
         default_max_tokens_field("https://api.openai.com/v1"),
         MaxTokensField::MaxCompletionTokens
     );
+    assert_eq!(
+        default_assistant_tool_call_content("https://api.openai.com/v1"),
+        AssistantToolCallContent::Null
+    );
     for url in [
         "http://127.0.0.1:8080/v1",
         "https://api.deepseek.com",
@@ -1255,6 +1261,11 @@ fn assistant_tool_call_content_option_and_max_tokens_field() {
         assert_eq!(
             default_max_tokens_field(url),
             MaxTokensField::MaxTokens,
+            "{url}"
+        );
+        assert_eq!(
+            default_assistant_tool_call_content(url),
+            AssistantToolCallContent::Empty,
             "{url}"
         );
     }
@@ -1469,4 +1480,57 @@ fn system_instructions_and_leading_system_messages_are_one_message() {
     );
     assert_eq!(body["messages"][0]["role"], "system");
     assert_eq!(body["messages"].as_array().map(Vec::len), Some(4));
+}
+
+#[test]
+fn a_5xx_stating_a_validation_failure_is_invalid_request_naming_its_cause() {
+    let message = "3 validation errors for Request\n\
+        messages.1.system.role\n  Input should be 'system' [type=literal_error, input_value='assistant', input_type=str]\n    \
+        For further information visit https://errors.pydantic.dev/2.11/v/literal_error\n\
+        messages.1.assistant.content\n  Input should be a valid string [type=string_type, input_value=None, input_type=NoneType]\n    \
+        For further information visit https://errors.pydantic.dev/2.11/v/string_type\n\
+        messages.1.user.role\n  Input should be 'user' [type=literal_error, input_value='assistant', input_type=str]\n";
+    let body = json!({"error": {"message": message, "type": "internal_server_error",
+                                "param": null, "code": null}})
+    .to_string();
+    assert_eq!(class_of(500, &body), ErrorClass::InvalidRequest);
+    assert_eq!(class_of(502, &body), ErrorClass::InvalidRequest);
+    let detail = ErrorDetail::from_body(body.as_bytes());
+    assert_eq!(
+        detail.message.as_deref(),
+        Some(
+            "3 validation errors for Request: messages.1.assistant.content: Input should be a \
+             valid string [type=string_type, input_value=None, input_type=NoneType]"
+        )
+    );
+    // llama-cpp-python's server: a 500 listing seven errors as Python dicts, the third the
+    // cause (an assistant message's content must be a string), then a traceback.
+    let recorded = include_str!("../../../tests/fixtures/llama_cpp_python/content_null.500.json");
+    assert_eq!(class_of(500, recorded), ErrorClass::InvalidRequest);
+    assert_eq!(
+        ErrorDetail::from_body(recorded.as_bytes())
+            .message
+            .as_deref(),
+        Some(
+            "7 validation errors: body.messages.1.ChatCompletionRequestAssistantMessage.content: \
+             Input should be a valid string"
+        )
+    );
+    // FastAPI's 422 list.
+    let fastapi = r#"{"detail":[{"type":"string_type","loc":["body","messages",1,"content"],"msg":"Input should be a valid string","input":null}]}"#;
+    assert_eq!(class_of(422, fastapi), ErrorClass::InvalidRequest);
+    assert_eq!(
+        ErrorDetail::from_body(fastapi.as_bytes())
+            .message
+            .as_deref(),
+        Some("validation error: body.messages.1.content: Input should be a valid string")
+    );
+    // A plain 500 stays a (retried) server error; a one-line message is kept as it is.
+    let plain =
+        r#"{"error":{"message":"The server had an error.\nTry again.","type":"server_error"}}"#;
+    assert_eq!(class_of(500, plain), ErrorClass::Server);
+    assert_eq!(
+        ErrorDetail::from_body(plain.as_bytes()).message.as_deref(),
+        Some("The server had an error.\nTry again.")
+    );
 }

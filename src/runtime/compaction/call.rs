@@ -34,14 +34,21 @@ impl Window {
         self.context.saturating_sub(self.max_output)
     }
 
-    /// Where compaction starts.
+    /// Where compaction starts: the window less the output and `buffer_tokens` (set, or
+    /// relative to the window).
     pub(super) fn threshold(self, settings: &CompactionConfig) -> u64 {
-        self.hard().saturating_sub(settings.buffer_tokens)
+        self.hard().saturating_sub(settings.buffer_for(self.hard()))
+    }
+
+    /// The most tokens of the newest turns compaction keeps verbatim (`keep_tokens`, set or
+    /// relative to the window).
+    pub(super) fn keep(self, settings: &CompactionConfig) -> u64 {
+        settings.keep_for(self.hard())
     }
 
     /// Whether the tail compaction keeps fits below the threshold.
     pub(super) fn fits(self, settings: &CompactionConfig) -> bool {
-        settings.keep_tokens < self.threshold(settings)
+        self.keep(settings) < self.threshold(settings)
     }
 }
 
@@ -124,7 +131,7 @@ impl Call<'_> {
             return Ok(());
         }
         if settings.prune {
-            let pruned = conversation.prune(&settings);
+            let pruned = conversation.prune(self.window.keep(&settings), settings.tail_turns);
             if pruned > 0 {
                 size = conversation.measure(self.tools);
                 tracing::info!(run_id = %self.run_id, pruned, tokens = size.estimated, "pruned old tool outputs");
@@ -139,7 +146,12 @@ impl Call<'_> {
                 .attempt(job, conversation, total_usage, preamble)
                 .await?
             {
-                None => return Ok(()),
+                None => {
+                    // The call's estimated usage and the calibration after it are of the
+                    // request that is sent: the compacted one.
+                    conversation.measure(self.tools);
+                    return Ok(());
+                }
                 Some(reason) => reason,
             }
         } else {

@@ -7,9 +7,7 @@ use std::collections::HashMap;
 use super::job::Candidate;
 use super::prune::{self, Pruned};
 use super::select;
-use crate::domain::{
-    Compaction, CompactionConfig, ContentPart, Message, MessageId, Role, RunId, TokenUsage,
-};
+use crate::domain::{Compaction, ContentPart, Message, MessageId, Role, RunId, TokenUsage};
 use crate::provider::ToolSpec;
 use crate::runtime::tokens::{REPLY_PRIMING, Reply, TokenCounter};
 use crate::store::{Calibration, SessionContext};
@@ -206,16 +204,12 @@ impl Conversation {
         self.counter.usage(self.last_raw, reply)
     }
 
-    /// Prunes the outputs of old tool calls (outside the turns a compaction with `settings`
-    /// would keep) in requests; returns how many were newly pruned.
-    pub(super) fn prune(&mut self, settings: &CompactionConfig) -> usize {
+    /// Prunes the outputs of old tool calls (outside the turns a compaction keeping
+    /// `keep_tokens` and `tail_turns` would keep) in requests; returns how many were newly
+    /// pruned.
+    pub(super) fn prune(&mut self, keep_tokens: u64, tail_turns: u32) -> usize {
         let sizes = self.sizes();
-        let split = select::split(
-            &self.messages,
-            &sizes,
-            settings.keep_tokens,
-            settings.tail_turns,
-        );
+        let split = select::split(&self.messages, &sizes, keep_tokens, tail_turns);
         prune::prune(
             &self.messages,
             &sizes,

@@ -81,7 +81,7 @@ impl Job<'_> {
         let split = select::split(
             &conversation.messages,
             &sizes,
-            self.settings.keep_tokens,
+            self.window.keep(self.settings),
             self.settings.tail_turns,
         );
         if !split.has_head(&conversation.messages) {
@@ -184,7 +184,7 @@ impl Job<'_> {
         let room = self
             .window
             .threshold(self.settings)
-            .saturating_sub(self.settings.keep_tokens)
+            .saturating_sub(self.window.keep(self.settings))
             .saturating_sub(fixed);
         u32::try_from((room / 2).clamp(256, 8192)).unwrap_or(8192)
     }

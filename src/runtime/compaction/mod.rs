@@ -317,15 +317,59 @@ mod tests {
         };
         let window = Window::of(model, 1_000);
         let settings = CompactionConfig {
-            buffer_tokens: 1_000,
-            keep_tokens: 2_000,
+            buffer_tokens: Some(1_000),
+            keep_tokens: Some(2_000),
             ..CompactionConfig::default()
         };
         assert_eq!(window.hard(), 7_000);
         assert_eq!(window.threshold(&settings), 6_000);
         assert!(window.fits(&settings));
-        // The seed's defaults do not fit an 8,000-token window.
-        assert!(!window.fits(&CompactionConfig::default()));
-        assert_eq!(window.threshold(&CompactionConfig::default()), 0);
+        // The seed's absolute values do not fit an 8,000-token window.
+        let absolute = CompactionConfig {
+            buffer_tokens: Some(20_000),
+            keep_tokens: Some(8_000),
+            ..CompactionConfig::default()
+        };
+        assert!(!window.fits(&absolute));
+        assert_eq!(window.threshold(&absolute), 0);
+    }
+
+    #[test]
+    fn unset_buffer_and_keep_are_relative_to_the_window() {
+        let defaults = CompactionConfig::default();
+        // (context_window, max_output_tokens) → (threshold, keep)
+        for (context, output, threshold, keep) in [
+            (2_048, 256, 1_792 - 224, 448),
+            (8_000, 1_024, 6_976 - 872, 1_744),
+            (32_768, 4_096, 28_672 - 3_584, 7_168),
+            (128_000, 16_384, 111_616 - 13_952, 8_000),
+            (200_000, 8_192, 191_808 - 20_000, 8_000),
+        ] {
+            let model = ModelConfig {
+                context_window: context,
+                max_output_tokens: output,
+            };
+            let window = Window::of(model, output);
+            assert_eq!(window.threshold(&defaults), threshold, "{context}");
+            assert_eq!(window.keep(&defaults), keep, "{context}");
+            assert!(window.fits(&defaults), "{context}");
+        }
+        // One value set, the other relative.
+        let buffer_only = CompactionConfig {
+            buffer_tokens: Some(6_000),
+            ..CompactionConfig::default()
+        };
+        let small = Window::of(
+            ModelConfig {
+                context_window: 8_000,
+                max_output_tokens: 1_024,
+            },
+            1_024,
+        );
+        assert_eq!(small.threshold(&buffer_only), 976);
+        assert!(
+            !small.fits(&buffer_only),
+            "keep 1,744 does not fit below 976"
+        );
     }
 }

@@ -59,7 +59,12 @@ pub(super) struct SummaryError {
     pub message: String,
     /// What the calls made before the failure cost.
     pub usage: TokenUsage,
+    /// The provider refused a call as too long for its window (`context_length_exceeded`).
+    pub too_long: bool,
 }
+
+/// The fewest tokens of transcript a part is made of; below, a refusal as too long is final.
+const MIN_PART_TOKENS: u64 = 256;
 
 impl Summariser<'_> {
     /// Summarises `previous` (the last summary, if any) and `head` in at most `budget` output
@@ -79,24 +84,58 @@ impl Summariser<'_> {
         let budget = budget.min(self.limits.max_output_tokens).max(1);
         // A tenth of the window is left for the difference between behest's count and the
         // provider's.
-        let available = window
+        let mut available = window
             .saturating_sub(u64::from(budget))
             .saturating_sub(FRAMING_TOKENS)
             .saturating_sub(window / 10);
         let mut usage = TokenUsage::default();
-        if available < 256 {
+        // The provider refusing a part as too long (its window is smaller than configured, or
+        // counts differently): the transcript is split into parts half as large, and again.
+        loop {
+            match self
+                .parts(previous, head, budget, available, &mut counter, &mut usage)
+                .await
+            {
+                Err(error) if error.too_long && available / 2 >= MIN_PART_TOKENS => {
+                    available /= 2;
+                    tracing::info!(
+                        model = self.model,
+                        part_tokens = available,
+                        error = %error.message,
+                        "the summariser refused a part as too long; summarising in smaller parts"
+                    );
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// [`Summariser::summarise`] with parts of the transcript of at most `available` tokens
+    /// (the summary so far included); the calls' usage is added to `usage`.
+    async fn parts(
+        &self,
+        previous: Option<&str>,
+        head: &[&Message],
+        budget: u32,
+        available: u64,
+        counter: &mut TokenCounter,
+        usage: &mut TokenUsage,
+    ) -> Result<Summary, SummaryError> {
+        let window = u64::from(self.limits.context_window);
+        if available < MIN_PART_TOKENS {
             return Err(SummaryError {
                 message: format!(
                     "the compaction model `{}` has no room for a transcript: its context window \
                      ({window}) minus the summary's {budget} tokens leaves {available}",
                     self.model
                 ),
-                usage,
+                usage: *usage,
+                too_long: false,
             });
         }
         let entries: Vec<String> = head
             .iter()
-            .map(|message| bounded(&counter, &render(message), available / 4))
+            .map(|message| bounded(counter, &render(message), available / 4))
             .filter(|entry| !entry.is_empty())
             .collect();
         let mut summary = previous.map(str::to_owned);
@@ -118,8 +157,8 @@ impl Summariser<'_> {
                     summary.as_deref(),
                     &part.join("\n\n"),
                     budget,
-                    &mut counter,
-                    &mut usage,
+                    counter,
+                    usage,
                 )
                 .await?;
             // The summary so far goes into the next part's request: it must leave room there.
@@ -130,7 +169,8 @@ impl Summariser<'_> {
                         "the summary grew to {tokens} tokens, more than half of what the \
                          compaction model's window leaves for the transcript ({available})"
                     ),
-                    usage,
+                    usage: *usage,
+                    too_long: false,
                 });
             }
             summary = Some(text);
@@ -142,11 +182,12 @@ impl Summariser<'_> {
                 text: text.trim().to_owned(),
                 provider: self.provider_id.to_owned(),
                 model: self.model.to_owned(),
-                usage,
+                usage: *usage,
             }),
             _ => Err(SummaryError {
                 message: "the summariser returned an empty summary".to_owned(),
-                usage,
+                usage: *usage,
+                too_long: false,
             }),
         }
     }
@@ -247,6 +288,7 @@ impl Summariser<'_> {
             Ok(text) if text.trim().is_empty() => Err(SummaryError {
                 message: "the summariser returned an empty summary".to_owned(),
                 usage: *usage,
+                too_long: false,
             }),
             Ok(text) => Ok(text),
             Err(error) => Err(SummaryError {
@@ -255,6 +297,7 @@ impl Summariser<'_> {
                     self.model, self.provider_id
                 ),
                 usage: *usage,
+                too_long: error.class == ErrorClass::ContextLengthExceeded,
             }),
         }
     }

