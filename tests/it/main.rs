@@ -44,6 +44,8 @@ mod openai_adapter;
 #[cfg(test)]
 mod openapi;
 #[cfg(test)]
+mod operators;
+#[cfg(test)]
 mod ops;
 #[cfg(test)]
 mod provider_runtime;
