@@ -36,6 +36,8 @@ mod docker;
 #[cfg(test)]
 mod events;
 #[cfg(test)]
+mod first_hour;
+#[cfg(test)]
 mod migration;
 #[cfg(test)]
 mod observe;
