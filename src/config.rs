@@ -609,6 +609,24 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// [`ConfigError::from_figment`], naming the configuration file when figment's message
+    /// does not (a TOML syntax error says its line, not its file).
+    fn from_figment_file(error: figment::Error, file: Option<&Path>) -> Self {
+        let (Self::Invalid(message) | Self::Check(message)) = Self::from_figment(error);
+        match file {
+            Some(path)
+                if !message.contains(&path.display().to_string())
+                    && !message.contains("environment variable") =>
+            {
+                Self::Invalid(format!(
+                    "{message} (configuration file `{}`)",
+                    path.display()
+                ))
+            }
+            _ => Self::Invalid(message),
+        }
+    }
+
     /// figment's message, without its profile prefix (`default.`) on key paths.
     fn from_figment(error: figment::Error) -> Self {
         let message = error
@@ -628,19 +646,27 @@ impl Config {
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
+            // A file that cannot be read is named (figment's own message would only say the
+            // OS error).
+            std::fs::File::open(path).map_err(|error| {
+                ConfigError::Invalid(format!(
+                    "cannot read the configuration file `{}`: {error}",
+                    path.display()
+                ))
+            })?;
             figment = figment.merge(Toml::file_exact(path));
         }
         let env = Env::prefixed("BEHEST_")
             .split("__")
-            // BEHEST_CONFIG names the file itself; BEHEST_TEST_* belong to the test suite.
-            .filter(|key| {
-                key != "config" && !key.as_str().to_ascii_lowercase().starts_with("test_")
-            });
+            // BEHEST_CONFIG names the file itself; BEHEST_TEST_* belong to the test suite; a
+            // name that is no key of the configuration (a script's own `BEHEST_BIN`) is not
+            // ours: `ignored_env_vars` lists those for a warning.
+            .filter(|key| env_key_is_ours(key.as_str()));
         let mut config: Config = figment
             .merge(env)
             .merge(Serialized::defaults(overrides))
             .extract()
-            .map_err(ConfigError::from_figment)?;
+            .map_err(|error| ConfigError::from_figment_file(error, file))?;
         // figment reads an environment value that looks like a number as one (a key of digits
         // would lose its leading zeros): the keys are read again as the text they are.
         if let Ok(text) = std::env::var("BEHEST_AUTH__KEYS") {
@@ -652,6 +678,25 @@ impl Config {
                 .map_err(|message| ConfigError::Check(format!("BEHEST_AUTH__KEYS: {message}")))?;
         }
         config.resolved()
+    }
+
+    /// The `BEHEST_*` environment variables [`Config::load`] ignored because their first
+    /// key is no key of the configuration (e.g. a user's own `BEHEST_BIN`), by name: worth a
+    /// warning, not a failure.
+    #[must_use]
+    pub fn ignored_env_vars() -> Vec<String> {
+        let mut names: Vec<String> = std::env::vars_os()
+            .filter_map(|(name, _)| name.into_string().ok())
+            .filter(|name| {
+                name.get(..7)
+                    .is_some_and(|p| p.eq_ignore_ascii_case("BEHEST_"))
+                    && !env_key_is_ours(&name[7..])
+                    && !name[7..].eq_ignore_ascii_case("config")
+                    && !name[7..].to_ascii_lowercase().starts_with("test_")
+            })
+            .collect();
+        names.sort();
+        names
     }
 
     /// Parses a TOML document alone (no env, no flags); for tests and tools.
@@ -851,6 +896,33 @@ impl Config {
     }
 }
 
+/// The configuration's top-level keys, as `BEHEST_<KEY>` or `BEHEST_<KEY>__…` spell them.
+const TOP_LEVEL_KEYS: [&str; 13] = [
+    "bind",
+    "database_url",
+    "runtime",
+    "providers",
+    "mcp_servers",
+    "http_tools",
+    "builtin_tools",
+    "agents",
+    "compaction",
+    "auth",
+    "limits",
+    "telemetry",
+    // `BEHEST_CONFIG` names the file; read by the CLI, not a key.
+    "config",
+];
+
+/// Whether the environment key after `BEHEST_` (`RUNTIME__MAX_ITERATIONS`, `bin`, …) is one
+/// the configuration reads: its first key is a top-level key (not `config`, the file's name)
+/// and it is not a test suite's `TEST_*`.
+fn env_key_is_ours(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    let first = key.split("__").next().unwrap_or_default();
+    first != "config" && !key.starts_with("test_") && TOP_LEVEL_KEYS.contains(&first)
+}
+
 /// Every model of `providers` with its window, in tokens.
 #[must_use]
 pub fn model_windows(providers: &BTreeMap<String, ProviderConfig>) -> Vec<ModelWindow<'_>> {
@@ -1009,6 +1081,28 @@ fn provider_options_check(id: &str, provider: &ProviderConfig) -> Result<(), Con
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_env_keys_are_the_configs_keys() {
+        let value = serde_json::to_value(Config::default()).unwrap();
+        let mut keys: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.push("config");
+        keys.sort_unstable();
+        let mut known = TOP_LEVEL_KEYS.to_vec();
+        known.sort_unstable();
+        assert_eq!(keys, known);
+        assert!(env_key_is_ours("RUNTIME__MAX_ITERATIONS"));
+        assert!(env_key_is_ours("bind"));
+        assert!(!env_key_is_ours("BIN"));
+        assert!(!env_key_is_ours("BINDING__X"));
+        assert!(!env_key_is_ours("CONFIG"));
+        assert!(!env_key_is_ours("TEST_POSTGRES_URL"));
+    }
 
     #[test]
     fn restart_settings_are_bounded() -> Result<(), ConfigError> {

@@ -26,7 +26,9 @@ enum Command {
         #[arg(long)]
         database_url: Option<String>,
         /// TOML configuration file.
-        #[arg(long, env = "BEHEST_CONFIG")]
+        // `hide_env_values`: `--help` says `[env: BEHEST_CONFIG]`, never `BEHEST_CONFIG=` with
+        // an empty or private value.
+        #[arg(long, env = "BEHEST_CONFIG", hide_env_values = true)]
         config: Option<PathBuf>,
         /// Serve an address other machines can reach without API keys (otherwise refused)
         /// [config: `[auth] allow_unauthenticated`].
@@ -47,7 +49,9 @@ enum Command {
         #[arg(long)]
         database_url: Option<String>,
         /// TOML configuration file.
-        #[arg(long, env = "BEHEST_CONFIG")]
+        // `hide_env_values`: `--help` says `[env: BEHEST_CONFIG]`, never `BEHEST_CONFIG=` with
+        // an empty or private value.
+        #[arg(long, env = "BEHEST_CONFIG", hide_env_values = true)]
         config: Option<PathBuf>,
     },
     /// Print the OpenAPI document (JSON) and exit.
@@ -101,6 +105,17 @@ fn init_tracing() {
     }
 }
 
+/// A warning for each `BEHEST_*` variable that is no configuration key (e.g. a script's own
+/// `BEHEST_BIN`): ignored, not fatal.
+fn warn_ignored_env() {
+    for name in Config::ignored_env_vars() {
+        tracing::warn!(
+            variable = %name,
+            "ignoring environment variable {name}: behest has no such setting"
+        );
+    }
+}
+
 /// `GET http://<bind>/healthz` within 5 s: success when it answers 200.
 fn healthcheck(bind: Option<String>) -> ExitCode {
     let bind = bind
@@ -138,14 +153,26 @@ fn main() -> ExitCode {
             };
             loaded.auth.allow_unauthenticated |= allow_unauthenticated;
             init_tracing();
+            warn_ignored_env();
             // No configuration at all: offer the built-in model so the first run works.
-            if config.is_none() && loaded.providers.is_empty() {
-                loaded = behest::provider::scripted::with_demo(loaded);
-                tracing::info!(
-                    "no configuration: offering the built-in demo model (provider `demo`, \
-                     model `demo`) and the built-in tool `current_time`; --config FILE \
-                     declares real providers"
-                );
+            match &config {
+                None if loaded.providers.is_empty() => {
+                    loaded = behest::provider::scripted::with_demo(loaded);
+                    tracing::info!(
+                        "no configuration: offering the built-in demo model (provider `demo`, \
+                         model `demo`) and the built-in tool `current_time`; --config FILE \
+                         declares real providers"
+                    );
+                }
+                Some(path) if loaded.providers.is_empty() => tracing::warn!(
+                    config = %path.display(),
+                    "the configuration file declares no [providers]: no run can start. \
+                     Declare one ([providers.<id>] with kind, base_url and models), or get the \
+                     built-in demo model back with `[providers.demo]` `kind = \"scripted\"` and \
+                     `[providers.demo.models.demo]` `context_window = 32768` \
+                     `max_output_tokens = 4096` (or start without --config)"
+                ),
+                _ => {}
             }
             let config = loaded;
             match behest::server::serve_blocking(config) {
@@ -170,6 +197,7 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             init_tracing();
+            warn_ignored_env();
             // The store logs each migration it applies, or that the schema is up to date.
             match behest::server::migrate_blocking(&config.database_url) {
                 Ok(_) => ExitCode::SUCCESS,

@@ -20,9 +20,18 @@ use crate::tools::{ToolRegistry, ToolSetupError};
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The store could not be opened or migrated.
+    /// The store failed.
     #[error("database: {0}")]
     Store(#[from] store::StoreError),
+    /// The database could not be opened or migrated: which one (the SQLite file's path, or the
+    /// PostgreSQL URL without its password) and why.
+    #[error("cannot open the database ({target}): {source}")]
+    Open {
+        /// `SQLite file <path>` or `PostgreSQL <url without password>`.
+        target: String,
+        /// Why.
+        source: store::StoreError,
+    },
     /// A provider could not be set up.
     #[error("provider: {0}")]
     Provider(#[from] provider::ProviderError),
@@ -45,6 +54,38 @@ pub enum ServeError {
     /// OpenTelemetry export could not be set up.
     #[error(transparent)]
     Telemetry(#[from] crate::telemetry::trace::ExportError),
+}
+
+/// What a database URL names, for an error: `SQLite file <path>`, or `PostgreSQL <url>`
+/// without its password.
+fn database_target(url: &str) -> String {
+    if let Some(rest) = url.strip_prefix("sqlite:") {
+        let path = rest.trim_start_matches("//");
+        let path = path.split('?').next().unwrap_or(path);
+        return format!("SQLite file `{path}`");
+    }
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            format!("PostgreSQL `{parsed}`")
+        }
+        Err(_) => "the database URL".to_owned(),
+    }
+}
+
+/// Opens (and migrates) the store at `url`; an error names the database.
+async fn open_store(
+    url: &str,
+    options: &store::ConnectOptions,
+) -> Result<Arc<dyn store::Store>, ServeError> {
+    store::connect_with(url, options)
+        .await
+        .map_err(|source| ServeError::Open {
+            target: database_target(url),
+            source,
+        })
 }
 
 /// Builds the runtime of a configuration over an opened store.
@@ -124,14 +165,14 @@ pub fn healthcheck_blocking(address: &str) -> Result<(), String> {
 /// migrations, on a Tokio runtime of its own (see [`serve_blocking`]).
 ///
 /// # Errors
-/// [`ServeError::Store`] when the database cannot be opened or migrated, `Io` when the Tokio
+/// [`ServeError::Open`] when the database cannot be opened or migrated, `Io` when the Tokio
 /// runtime cannot start.
 pub fn migrate_blocking(database_url: &str) -> Result<(), ServeError> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
         .block_on(async {
-            store::connect(database_url).await?;
+            open_store(database_url, &store::ConnectOptions::default()).await?;
             Ok(())
         })
 }
@@ -197,8 +238,7 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
     })?;
     // Held until the process ends: a second server on the same SQLite file stops here.
     let _database_lock = store::lock_sqlite(&config.database_url)?;
-    let store =
-        store::connect_with(&config.database_url, &config.database.connect_options()).await?;
+    let store = open_store(&config.database_url, &config.database.connect_options()).await?;
     let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
     if let Err(error) = registry.add_builtins(&config.builtin_tools) {
         registry.shutdown().await;

@@ -14,11 +14,13 @@ use crate::telemetry;
 /// Prometheus metrics.
 ///
 /// The server's counters, gauges and histograms in the Prometheus text exposition format
-/// (0.0.4): HTTP requests by route and status, runs created, active and finished by status,
-/// open event streams, events persisted with the event log's batch size and commit time,
+/// (0.0.4): HTTP requests by route and status, runs created, active and finished by status
+/// (and error class), run duration by status, runs waiting in `requires_action` with their
+/// wait time by outcome and the waits that expired, open event streams, events persisted with the event log's batch size and commit time,
 /// model calls with their duration and time to first token, tokens by kind, retries by error
 /// class, tool executions by tool and result, doom loops, compactions by trigger and outcome,
-/// and the compaction circuit breaker's state. Like any route it needs an API key
+/// the compaction circuit breaker's state, the process's resident memory, open file
+/// descriptors, CPU time and threads (`process_*`) and `behest_build_info`. Like any route it needs an API key
 /// when keys are configured, unless `[auth] metrics_public = true`.
 #[utoipa::path(get, path = "/metrics", tag = "system",
     responses(
@@ -37,6 +39,7 @@ pub async fn get_metrics(State(state): State<AppState>) -> Result<Response, ApiE
     // The breaker lives in the store (shared by every process on it): read at each scrape.
     let breaker = state.runtime.circuit_breaker().await?;
     telemetry::metrics::circuit_breaker(breaker.is_open, breaker.consecutive_failures);
+    telemetry::metrics::collect_process();
     let mut response = handle.render().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

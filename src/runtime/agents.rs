@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::{CreateRunError, RunEmitter, Runtime};
 use crate::config::{AgentPreset, ModelConfig, ProviderKind};
@@ -28,6 +29,7 @@ use crate::domain::{
 use crate::events::{EventPayload, ToolExecutionResult, ToolFailure, ToolSuccess};
 use crate::provider::{ModelRequest, ToolSpec};
 use crate::store::{RunChange, Signal, StoreError, SubmitOutcome};
+use crate::telemetry;
 
 use super::event_log::LogError;
 
@@ -580,6 +582,42 @@ pub(super) struct Wait<'a> {
     pub agent: &'a RunAgent,
     /// Signalled when answers for this run are stored by this process.
     pub answered: &'a Notify,
+    /// The run's cancel (a cancel stops the run's task mid-wait; the metrics tell it apart
+    /// from a shutdown by it).
+    pub cancel: &'a CancellationToken,
+}
+
+/// A wait in `requires_action` as the metrics see it: counted in `behest_runs_waiting` while
+/// it lasts, its time recorded by outcome when it ends — `answered` or `expired` as
+/// [`settle`] says, `cancelled` when a cancel stopped the run's task mid-wait. A wait a
+/// shutdown or a takeover interrupts records no time: the next owner goes on waiting.
+struct WaitGauge<'a> {
+    started: Instant,
+    cancel: &'a CancellationToken,
+    outcome: Option<&'static str>,
+}
+
+impl<'a> WaitGauge<'a> {
+    fn start(cancel: &'a CancellationToken) -> Self {
+        telemetry::metrics::runs_waiting(1.0);
+        Self {
+            started: Instant::now(),
+            cancel,
+            outcome: None,
+        }
+    }
+}
+
+impl Drop for WaitGauge<'_> {
+    fn drop(&mut self) {
+        telemetry::metrics::runs_waiting(-1.0);
+        let outcome = self
+            .outcome
+            .or_else(|| self.cancel.is_cancelled().then_some("cancelled"));
+        if let Some(outcome) = outcome {
+            telemetry::metrics::run_wait(outcome, self.started.elapsed());
+        }
+    }
 }
 
 /// Decides the calls of one turn that are not simply executed and, when some wait on the
@@ -600,6 +638,7 @@ pub(super) async fn settle(
         emitter,
         agent,
         answered,
+        cancel,
     } = wait;
     let mut decisions = HashMap::new();
     let mut pending = Vec::new();
@@ -665,6 +704,7 @@ pub(super) async fn settle(
             action
         }
     };
+    let mut gauge = (!answered_before).then(|| WaitGauge::start(cancel));
     let tick =
         (Duration::from_millis(runtime.config().lease_ttl_ms) / 3).max(Duration::from_millis(100));
     let deadline = tokio::time::Instant::now()
@@ -688,6 +728,9 @@ pub(super) async fn settle(
                 if complete(&action, &answers) {
                     break answers;
                 }
+                if let Some(gauge) = &mut gauge {
+                    gauge.outcome = Some("expired");
+                }
                 let open: Vec<&str> = action
                     .tool_calls
                     .iter()
@@ -702,6 +745,10 @@ pub(super) async fn settle(
             }
         }
     };
+    if let Some(gauge) = &mut gauge {
+        gauge.outcome = Some("answered");
+    }
+    drop(gauge);
     let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let budget = runtime.config().max_tool_output_bytes;
     for call in &action.tool_calls {

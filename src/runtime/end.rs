@@ -85,7 +85,13 @@ pub(super) async fn close_out(
         let messages = store.session_messages(record.session_id).await?;
         tool_exec::answer_open_calls(emitter, record, &messages, reason).await?;
     }
-    Ok(emitter.finish(end).await?)
+    let status = end.status().as_str();
+    let sequence = emitter.finish(end).await?;
+    let lived = (chrono::Utc::now() - record.created_at)
+        .to_std()
+        .unwrap_or(Duration::ZERO);
+    crate::telemetry::metrics::run_duration(status, lived);
+    Ok(sequence)
 }
 
 /// [`close_out`] for a run this process executes, retried while the store is unavailable (if

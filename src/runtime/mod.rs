@@ -222,20 +222,8 @@ impl Runtime {
         let owner: Arc<str> = Arc::from(uuid::Uuid::now_v7().to_string());
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
         let log = EventLog::start(store.clone(), feed, config.max_batch_events, owner.clone());
-        // The tokenizers' tables load once (about 2 s in a debug build), off the async threads:
-        // `o200k_base` (usage estimates) and each configured model's; until then a request's
-        // size is counted roughly, so no model call waits for them.
-        let mut families: Vec<tokens::Tokenizer> = providers
-            .values()
-            .flat_map(|entry| entry.config.models.keys())
-            .map(|model| tokens::Tokenizer::for_model(model))
-            .chain([tokens::Tokenizer::O200k])
-            .collect();
-        families.sort_by_key(|t| format!("{t:?}"));
-        families.dedup();
-        tokio::task::spawn_blocking(move || {
-            families.into_iter().for_each(tokens::Tokenizer::warm_up)
-        });
+        // The tokenizers' tables are loaded when a model's request is first measured
+        // (`tokens::Tokenizer::ready_or_load`), not here: an idle server does not hold them.
         let ttl = Duration::from_millis(config.lease_ttl_ms);
         let runtime = Arc::new(Self {
             admission: admission::Admission::start(store.clone()),

@@ -151,6 +151,24 @@ pub(super) fn set_in_flight(in_flight: &InFlight, call: Option<CallInFlight>) {
         .unwrap_or_else(std::sync::PoisonError::into_inner) = call;
 }
 
+/// Counts the run's model call in flight, if any, as `interrupted` in the call metrics: a
+/// shutdown or a takeover by another process stopped the run's task in the middle of it (the
+/// next owner makes the call again, counted on its own).
+pub(super) fn count_interrupted(in_flight: &InFlight) {
+    let call = in_flight
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    if let Some(call) = call {
+        telemetry::metrics::model_call(
+            &call.provider,
+            &call.model,
+            "interrupted",
+            call.started.elapsed(),
+        );
+    }
+}
+
 /// Records the estimated usage of the model call the run ended in, when that call was cut off
 /// while streaming (no `usage_recorded` yet) and this process made it (`in_flight`): the
 /// request's estimated tokens plus the text, reasoning and tool-call arguments it streamed,

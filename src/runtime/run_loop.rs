@@ -190,11 +190,13 @@ pub(super) async fn supervise(
     let (end, reason) = match ended {
         Err(RunFailure::Suspended) => {
             tracing::info!(%run_id, "run suspended for the shutdown; the next start resumes it");
+            model_turn::count_interrupted(&in_flight);
             runtime.log.feed().close(run_id);
             return;
         }
         Err(RunFailure::Log(LogError::Fenced)) => {
             tracing::warn!(%run_id, "another process owns the run now; stopped here");
+            model_turn::count_interrupted(&in_flight);
             runtime.log.feed().close(run_id);
             return;
         }
@@ -702,6 +704,7 @@ async fn run_tools(
         emitter,
         agent: &context.agent,
         answered: &context.answered,
+        cancel: &context.cancel,
     };
     let decisions = agents::settle(&wait, message_id, &to_answer).await?;
     let executions = futures::stream::iter(to_answer)

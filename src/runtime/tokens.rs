@@ -91,6 +91,27 @@ impl Tokenizer {
         READY[self.slot()].load(Ordering::Acquire)
     }
 
+    /// [`Tokenizer::is_ready`], and when the tables are not loaded, starts loading them on a
+    /// thread of their own (once per family): a model's tables (`o200k_base` alone is tens of
+    /// MiB) are loaded when a request of that model is first measured, not at startup, so an
+    /// idle server stays small and no request waits for them.
+    #[must_use]
+    pub fn ready_or_load(self) -> bool {
+        if self.is_ready() {
+            return true;
+        }
+        if !LOADING[self.slot()].swap(true, Ordering::AcqRel) {
+            let spawned = std::thread::Builder::new()
+                .name("tokenizer-load".to_owned())
+                .spawn(move || self.warm_up());
+            if let Err(error) = spawned {
+                tracing::warn!(%error, "no thread to load a tokenizer; counting roughly");
+                LOADING[self.slot()].store(false, Ordering::Release);
+            }
+        }
+        false
+    }
+
     /// The slot of the tables the tokenizer uses.
     fn slot(self) -> usize {
         match self {
@@ -124,6 +145,8 @@ impl Tokenizer {
 
 /// Whether each family's tables are loaded (see [`Tokenizer::slot`]).
 static READY: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
+/// Whether each family's tables are loading or loaded ([`Tokenizer::ready_or_load`]).
+static LOADING: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
 
 /// Bytes per token assumed while a tokenizer's tables are still loading: fewer than any BPE
 /// averages on English or code (about 4), so the rough count errs high.

@@ -25,6 +25,19 @@ pub const RUNS_CREATED: &str = "behest_runs_created_total";
 pub const RUNS_FINISHED: &str = "behest_runs_finished_total";
 /// Runs executing in this process now.
 pub const RUNS_ACTIVE: &str = "behest_runs_active";
+/// Time from a run's creation to its terminal event, by terminal `status` (`completed`,
+/// `failed`, `cancelled`), in seconds; recorded by the process that ends the run.
+pub const RUN_DURATION: &str = "behest_run_duration_seconds";
+/// Runs of this process waiting in `requires_action` for tool outputs or approvals now.
+pub const RUNS_WAITING: &str = "behest_runs_waiting";
+/// Time a run waited in `requires_action`, by `outcome` (`answered`, `cancelled`,
+/// `expired`), in seconds (a wait a shutdown interrupts is not recorded: the next process
+/// goes on waiting).
+pub const RUN_WAIT: &str = "behest_run_wait_seconds";
+/// Waits in `requires_action` whose deadline passed without every answer.
+pub const RUN_WAITS_EXPIRED: &str = "behest_run_waits_expired_total";
+/// 1, labelled with the server's `version`, `os` and `arch`.
+pub const BUILD_INFO: &str = "behest_build_info";
 /// Event streams (SSE watchers) open now.
 pub const SSE_WATCHERS: &str = "behest_sse_watchers";
 /// Events written to the store (persisted before they are published).
@@ -33,7 +46,8 @@ pub const EVENTS_PERSISTED: &str = "behest_events_persisted_total";
 pub const EVENT_BATCH_SIZE: &str = "behest_event_log_batch_events";
 /// Time one event-log batch takes to commit (retries included), in seconds.
 pub const EVENT_COMMIT: &str = "behest_event_log_commit_seconds";
-/// Model calls by `provider`, `model` and `outcome` (`ok`, or the error class).
+/// Model calls by `provider`, `model` and `outcome` (`ok`, the error class, `cancelled` when a
+/// cancel cut the call, `interrupted` when a shutdown or a takeover by another process did).
 pub const MODEL_CALLS: &str = "behest_model_calls_total";
 /// Time of a whole model call, request to last chunk, by `provider` and `model`, in seconds.
 pub const MODEL_DURATION: &str = "behest_model_call_duration_seconds";
@@ -71,6 +85,8 @@ const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 2
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+/// The `process_*` collector (`metrics-process`), read at each scrape.
+static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
 
 /// The process's Prometheus recorder, installed as the global `metrics` recorder on the first
 /// call; `None` when another recorder was installed first (then nothing is rendered).
@@ -89,6 +105,16 @@ pub fn install() -> Option<PrometheusHandle> {
             match built {
                 Ok(handle) => {
                     describe();
+                    PROCESS
+                        .get_or_init(metrics_process::Collector::default)
+                        .describe();
+                    ::metrics::gauge!(
+                        BUILD_INFO,
+                        "version" => env!("CARGO_PKG_VERSION"),
+                        "os" => std::env::consts::OS,
+                        "arch" => std::env::consts::ARCH
+                    )
+                    .set(1.0);
                     let upkeep = handle.clone();
                     let spawned = std::thread::Builder::new()
                         .name("metrics-upkeep".to_owned())
@@ -130,6 +156,28 @@ fn describe() {
         "Runs ended, by terminal status (and error class, for failed runs)"
     );
     describe_gauge!(RUNS_ACTIVE, "Runs executing in this process");
+    describe_histogram!(
+        RUN_DURATION,
+        Unit::Seconds,
+        "Run creation to its terminal event, by terminal status"
+    );
+    describe_gauge!(
+        RUNS_WAITING,
+        "Runs of this process waiting in requires_action for tool outputs or approvals"
+    );
+    describe_histogram!(
+        RUN_WAIT,
+        Unit::Seconds,
+        "Time a run waited in requires_action, by outcome (answered, cancelled, expired)"
+    );
+    describe_counter!(
+        RUN_WAITS_EXPIRED,
+        "Waits in requires_action whose deadline passed"
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "1, labelled with the server's version, os and arch"
+    );
     describe_gauge!(SSE_WATCHERS, "Event streams (SSE watchers) open");
     describe_counter!(EVENTS_PERSISTED, "Events written to the store");
     describe_histogram!(EVENT_BATCH_SIZE, "Events per event-log group commit");
@@ -197,6 +245,33 @@ pub fn run_finished(status: &'static str, error_class: Option<&'static str>) {
                 .increment(1);
         }
         None => ::metrics::counter!(RUNS_FINISHED, "status" => status).increment(1),
+    }
+}
+
+/// A run ended with terminal `status` `elapsed` after its creation.
+pub fn run_duration(status: &'static str, elapsed: Duration) {
+    ::metrics::histogram!(RUN_DURATION, "status" => status).record(elapsed.as_secs_f64());
+}
+
+/// A run began (`+1`) or stopped (`-1`) waiting in `requires_action`.
+pub fn runs_waiting(delta: f64) {
+    ::metrics::gauge!(RUNS_WAITING).increment(delta);
+}
+
+/// A wait in `requires_action` ended with `outcome` (`answered`, `cancelled`, `expired`)
+/// after `elapsed`; an expired one is counted in [`RUN_WAITS_EXPIRED`] too.
+pub fn run_wait(outcome: &'static str, elapsed: Duration) {
+    ::metrics::histogram!(RUN_WAIT, "outcome" => outcome).record(elapsed.as_secs_f64());
+    if outcome == "expired" {
+        ::metrics::counter!(RUN_WAITS_EXPIRED).increment(1);
+    }
+}
+
+/// Reads the process's resident memory, open file descriptors, CPU time, threads, … into
+/// the `process_*` metrics (the Prometheus client conventions), before a scrape renders them.
+pub fn collect_process() {
+    if let Some(collector) = PROCESS.get() {
+        collector.collect();
     }
 }
 

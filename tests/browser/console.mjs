@@ -72,7 +72,8 @@ try {
   await page.waitForSelector('#state[data-state="cancelled"]');
   const partial = (await text(page, '#transcript .msg.assistant .text')).pop();
   check(!partial.includes(' 400.'), 'the cancelled run stopped before its end');
-  console.log('ok: cancel stops a running run');
+  check(partial.endsWith(' (incomplete)'), 'the cut text is marked incomplete live: ' + partial);
+  console.log('ok: cancel stops a running run; its text is marked incomplete');
 
   // 3. The event stream is cut mid-run (by the proxy): the page reconnects by itself and shows
   // the complete answer exactly once.
@@ -109,6 +110,39 @@ try {
     && resumed.includes('`current_time` answered {'), 'the answer uses both results: ' + resumed);
   check((await waiting.locator('form.action').count()) === 0, 'the form is gone once answered');
   console.log('ok: a run waiting for you is answered from the console');
+
+  // 5. A long session, titled: listed by its title, opened at its newest messages (all of
+  // them here: more than one page of 50), scrolled to the end.
+  const post = async (path, body) => (await fetch(url + path, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+  })).json();
+  const session = await post('/sessions', { title: 'Long talk' });
+  for (let turn = 1; turn <= 30; turn += 1) {
+    const run = await post('/runs', {
+      provider: 'demo', model: 'demo', session_id: session.id, input: 'turn ' + turn + ': count to 1',
+    });
+    for (;;) {
+      const record = await (await fetch(url + '/runs/' + run.run_id)).json();
+      if (record.status === 'completed') break;
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+  }
+  const long = await open(url);
+  const listed = long.locator('#sessions button[data-session-id="' + session.id + '"]');
+  check((await listed.textContent()).startsWith('Long talk · '), 'listed by title: '
+    + await listed.textContent());
+  await listed.click();
+  await long.waitForSelector('#state[data-state="idle"]');
+  const inputs = await text(long, '#transcript .msg.user .text');
+  check(inputs.length === 30 && inputs[0] === 'turn 1: count to 1'
+    && inputs[29] === 'turn 30: count to 1', 'every turn, oldest first: ' + inputs.length
+    + ' ' + inputs[0] + ' … ' + inputs[inputs.length - 1]);
+  const atEnd = await long.evaluate(() => {
+    const last = document.querySelector('#transcript').lastElementChild.getBoundingClientRect();
+    return last.bottom <= window.innerHeight + 1 && window.scrollY > 0;
+  });
+  check(atEnd, 'the newest message is in view');
+  console.log('ok: a long titled session opens at its newest messages');
 
   // Readable at phone width: nothing wider than the viewport.
   await cut.setViewportSize({ width: 375, height: 700 });

@@ -44,6 +44,8 @@ try {
   await page.getByLabel(/Key \(kept in this browser/).press('Enter');
   await page.waitForSelector('#provider option[value="demo"]', { state: 'attached' });
   console.log('ok: with the key the providers load');
+  await page.waitForFunction(() => document.querySelectorAll('#transcript .note.error').length === 0);
+  console.log('ok: the notes that asked for a key are gone once it works');
 
   await page.getByLabel('Your message').fill('What time is it?');
   await page.getByLabel('Your message').press('Enter');

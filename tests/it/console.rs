@@ -259,7 +259,7 @@ async fn console_works_in_a_real_browser() {
             .lines()
             .filter(|line| line.starts_with("ok: "))
             .count(),
-        7,
+        8,
         "{stdout}"
     );
     assert!(
@@ -316,7 +316,7 @@ async fn console_works_with_api_keys_in_a_real_browser() {
             .lines()
             .filter(|line| line.starts_with("ok: "))
             .count(),
-        5,
+        6,
         "{stdout}"
     );
     server.child.kill().await.unwrap();

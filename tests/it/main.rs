@@ -36,6 +36,8 @@ mod docker;
 #[cfg(test)]
 mod events;
 #[cfg(test)]
+mod first_hour;
+#[cfg(test)]
 mod input;
 #[cfg(test)]
 mod local_models;
@@ -49,6 +51,8 @@ mod observe;
 mod openai_adapter;
 #[cfg(test)]
 mod openapi;
+#[cfg(test)]
+mod operators;
 #[cfg(test)]
 mod ops;
 #[cfg(test)]

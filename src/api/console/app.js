@@ -41,8 +41,11 @@ async function api(path, options = {}) {
     const detail = body && (body.detail || body.title);
     const error = new Error(detail || ('HTTP ' + response.status));
     error.problem = body;
+    error.status = response.status;
     throw error;
   }
+  // The API answers: the notes of earlier refusals for want of a key are stale now.
+  for (const stale of document.querySelectorAll('.note.auth')) stale.remove();
   return body;
 }
 
@@ -137,21 +140,24 @@ async function loadLists() {
     const chosen = select.value;
     select.replaceChildren(Object.assign(el('option', null, 'New session'), { value: '' }));
     for (const session of sessions.sessions) {
-      const button = el('button', null, 'Session …' + short(session.id) + ' · ' + when(session.updated_at));
+      // A session is known by its title; an untitled one by its id's end.
+      const name = session.title || ('Session …' + short(session.id));
+      const button = el('button', null, name + ' · ' + when(session.updated_at));
       button.type = 'button';
       button.dataset.sessionId = session.id;
       button.addEventListener('click', () => openSession(session.id));
       const item = el('li');
       item.append(button);
       sessionList.append(item);
-      const option = el('option', null, '…' + short(session.id) + ' (' + when(session.updated_at) + ')');
+      const option = el('option', null, (session.title || '…' + short(session.id))
+        + ' (' + when(session.updated_at) + ')');
       option.value = session.id;
       select.append(option);
     }
     select.value = chosen;
     if (select.value !== chosen) select.value = '';
   } catch (error) {
-    note($('transcript'), 'error', 'Could not list runs and sessions: ' + error.message);
+    errorNote($('transcript'), 'Could not list runs and sessions: ', error);
   }
 }
 
@@ -171,6 +177,37 @@ function note(parent, kind, text) {
   const node = el('div', 'note ' + kind, text);
   parent.append(node);
   return node;
+}
+
+/** An error note; one about a missing or wrong API key goes once a request succeeds. */
+function errorNote(parent, text, error) {
+  return note(parent, 'error' + (error && error.status === 401 ? ' auth' : ''), text + error.message);
+}
+
+/** The newest `keep` messages of a session (the API pages oldest first), with its compactions. */
+async function newestMessages(sessionId, keep) {
+  let messages = [];
+  let compactions = [];
+  let cursor = null;
+  let older = 0;
+  do {
+    const page = await api('/sessions/' + sessionId + '/messages?limit=200'
+      + (cursor ? '&cursor=' + encodeURIComponent(cursor) : ''));
+    messages = messages.concat(page.messages || []);
+    compactions = compactions.concat(page.compactions || []);
+    if (messages.length > keep) {
+      older += messages.length - keep;
+      messages = messages.slice(-keep);
+    }
+    cursor = page.next_cursor;
+  } while (cursor);
+  return { messages, compactions, older };
+}
+
+function scrollToEnd() {
+  const transcript = $('transcript');
+  const last = transcript.lastElementChild;
+  if (last) last.scrollIntoView({ block: 'end' });
 }
 
 function userMessage(parent, text) {
@@ -214,7 +251,11 @@ async function openSession(sessionId) {
   const transcript = $('transcript');
   transcript.replaceChildren();
   try {
-    const messages = await api('/sessions/' + sessionId + '/messages');
+    // A long session opens at its newest messages, as a chat does.
+    const messages = await newestMessages(sessionId, 200);
+    if (messages.older) {
+      note(transcript, 'muted older', messages.older + ' older messages are not shown.');
+    }
     const cards = new Map();
     // Where each compaction happened: after the last message its summary covers.
     const compactedAt = new Map();
@@ -245,8 +286,9 @@ async function openSession(sessionId) {
       if (compaction) compactionNote(transcript, compaction);
     }
     setState('session …' + short(sessionId), 'idle');
+    scrollToEnd();
   } catch (error) {
-    note(transcript, 'error', 'Could not open the session: ' + error.message);
+    errorNote(transcript, 'Could not open the session: ', error);
   }
 }
 
@@ -394,15 +436,19 @@ function apply(current, transcript, event) {
   switch (event.type) {
     case 'model_started':
       current.bubble = null;
+      current.callText = null;
       break;
+
     case 'tool_calls_required':
       current.bubble = null;
+      current.callText = null;
       actionForm(current, transcript, event);
       setState('waiting for you', 'waiting');
       break;
     case 'text_delta':
       if (!current.bubble) current.bubble = assistantBubble(transcript);
       current.bubble.textContent += event.delta;
+      current.callText = current.bubble;
       break;
     case 'reasoning_delta':
       break;
@@ -425,6 +471,10 @@ function apply(current, transcript, event) {
       card.args.textContent = call.invalid_arguments || json(call.arguments);
       break;
     }
+    case 'tool_execution_started':
+      // The model call ended whole (its tools run): a later end does not cut its text.
+      current.callText = null;
+      break;
     case 'tool_execution_finished': {
       const card = current.tools.get(event.call_id) || toolCard(transcript, event.tool_name);
       const result = event.result || {};
@@ -472,6 +522,12 @@ function apply(current, transcript, event) {
       break;
   }
   if (TERMINAL.has(event.type)) {
+    // The run ended in the middle of a model call: its text is kept as it was, incomplete (as
+    // the session's history shows it).
+    if (event.type !== 'run_completed' && current.callText) {
+      current.callText.append(el('em', 'muted', ' (incomplete)'));
+      current.callText = null;
+    }
     current.done = true;
     current.es.close();
     $('cancel').disabled = true;
@@ -548,7 +604,7 @@ function init() {
     loadProviders().then(loadLists).catch(() => {});
   });
   loadProviders()
-    .catch((error) => note($('transcript'), 'error', 'Could not list providers: ' + error.message))
+    .catch((error) => errorNote($('transcript'), 'Could not list providers: ', error))
     .then(loadLists);
 }
 

@@ -244,8 +244,8 @@ pub(super) fn raw_tokens(
     pruned: &HashMap<MessageId, Pruned>,
     tools: &[ToolSpec],
 ) -> u64 {
-    if !counter.tokenizer().is_ready() {
-        // The tables are still loading (just after startup): a model call does not wait for
+    if !counter.tokenizer().ready_or_load() {
+        // The tables are loading (the model's first request): a model call does not wait for
         // them; a rough count that errs high stands in.
         let tools_bytes: usize = tools
             .iter()

@@ -1,0 +1,148 @@
+//! First-hour papercuts (issue 27, item 10), against the real `behest serve` binary: a
+//! configuration file without `[providers]` starts with a warning that says how to get the
+//! demo model back; a `BEHEST_*` variable the server does not know is a warning, while an
+//! unknown key in the file still stops startup;
+//! `serve --help` shows no environment values; startup errors name the configuration file and
+//! the SQLite file.
+
+use crate::support;
+
+use std::time::Duration;
+
+use support::process::ServerProcess;
+
+/// Runs `behest ARGS` with `env` (and no `BEHEST_*` of the test's own environment that would
+/// change it) to its end; returns (success, stdout, stderr).
+async fn behest(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_behest"))
+            .args(args)
+            .env_remove("BEHEST_CONFIG")
+            .env_remove("BEHEST_DATABASE_URL")
+            .env_remove("BEHEST_BIND")
+            .envs(env.iter().copied())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("behest ends within 30 s")
+    .expect("run behest");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn no_providers_and_a_foreign_env_var_are_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("behest.db").display());
+    let server = ServerProcess::start_with_env(
+        "no-providers",
+        "[runtime]\nmax_iterations = 5\n",
+        &db,
+        &[("BEHEST_BIN", "/usr/local/bin/behest")],
+    )
+    .await;
+    let (status, providers) = server.get("/providers").await;
+    assert_eq!(status, 200);
+    assert_eq!(providers["providers"], serde_json::json!([]));
+    let log = server.log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("declares no [providers]"))
+        .unwrap_or_else(|| panic!("a warning about [providers]:\n{log}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(
+        warning.contains("[providers.demo]") && warning.contains("kind = \"scripted\""),
+        "it says how to get the demo model back: {warning}"
+    );
+    let ignored = log
+        .lines()
+        .find(|line| line.contains("BEHEST_BIN"))
+        .unwrap_or_else(|| panic!("a warning about BEHEST_BIN:\n{log}"));
+    assert!(
+        ignored.contains("WARN") && ignored.contains("ignoring"),
+        "{ignored}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_keys_stay_errors_and_errors_name_their_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("behest.db").display());
+    let config = dir.path().join("behest.toml");
+
+    // An unknown key in the file: an error naming the key and the file.
+    std::fs::write(&config, "[runtime]\nmax_iteratons = 5\n").unwrap();
+    let path = config.to_str().unwrap();
+    let (ok, _, stderr) = behest(
+        &[
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--config",
+            path,
+            "--database-url",
+            &db,
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ok, "an unknown key in the file stops startup");
+    assert!(
+        stderr.contains("max_iteratons") && stderr.contains(path),
+        "{stderr}"
+    );
+
+    // A TOML syntax error: the file is named.
+    std::fs::write(&config, "[runtime\n").unwrap();
+    let (ok, _, stderr) = behest(&["serve", "--config", path, "--database-url", &db], &[]).await;
+    assert!(!ok);
+    assert!(stderr.contains(path), "{stderr}");
+
+    // A file that does not exist: named.
+    let missing = dir.path().join("missing.toml");
+    let missing = missing.to_str().unwrap();
+    let (ok, _, stderr) = behest(&["serve", "--config", missing, "--database-url", &db], &[]).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains(missing) && stderr.contains("configuration file"),
+        "{stderr}"
+    );
+
+    std::fs::write(&config, "[runtime]\nmax_iterations = 5\n").unwrap();
+    // A SQLite file that cannot be opened (its directory does not exist): named.
+    let unreachable = dir.path().join("no-such-dir").join("behest.db");
+    let unreachable = unreachable.to_str().unwrap();
+    let (ok, _, stderr) = behest(
+        &[
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--config",
+            path,
+            "--database-url",
+            &format!("sqlite://{unreachable}"),
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        stderr.contains(unreachable) && stderr.contains("SQLite file"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn serve_help_shows_no_env_values() {
+    for value in ["", "/etc/behest/secret-path.toml"] {
+        let (ok, help, _) = behest(&["serve", "--help"], &[("BEHEST_CONFIG", value)]).await;
+        assert!(ok);
+        assert!(help.contains("[env: BEHEST_CONFIG]"), "{help}");
+        assert!(!help.contains("BEHEST_CONFIG="), "{help}");
+    }
+}
