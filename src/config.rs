@@ -897,9 +897,11 @@ impl Config {
 }
 
 /// The configuration's top-level keys, as `BEHEST_<KEY>` or `BEHEST_<KEY>__…` spell them.
-const TOP_LEVEL_KEYS: [&str; 13] = [
+const TOP_LEVEL_KEYS: [&str; 15] = [
     "bind",
     "database_url",
+    "database",
+    "http",
     "runtime",
     "providers",
     "mcp_servers",

@@ -237,7 +237,11 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
         )
     })?;
     // Held until the process ends: a second server on the same SQLite file stops here.
-    let _database_lock = store::lock_sqlite(&config.database_url)?;
+    let _database_lock =
+        store::lock_sqlite(&config.database_url).map_err(|source| ServeError::Open {
+            target: database_target(&config.database_url),
+            source,
+        })?;
     let store = open_store(&config.database_url, &config.database.connect_options()).await?;
     let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
     if let Err(error) = registry.add_builtins(&config.builtin_tools) {

@@ -148,9 +148,7 @@ async fn metrics_after_every_kind_of_end(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, _, _) = server
-        .post(&format!("/runs/{cut}/cancel"), &json!({}))
-        .await;
+    let (status, _) = server.post_empty(&format!("/runs/{cut}/cancel")).await;
     assert!(status < 300, "cancel: {status}");
     until(&server, &cut, &["cancelled"]).await;
 
@@ -176,9 +174,7 @@ async fn metrics_after_every_kind_of_end(backend: Backend) {
     fake.push(location_call());
     let dropped = start(&server, client_run("where?", &[])).await;
     until(&server, &dropped, &["requires_action"]).await;
-    let (status, _, _) = server
-        .post(&format!("/runs/{dropped}/cancel"), &json!({}))
-        .await;
+    let (status, _) = server.post_empty(&format!("/runs/{dropped}/cancel")).await;
     assert!(status < 300, "cancel: {status}");
     until(&server, &dropped, &["cancelled"]).await;
 

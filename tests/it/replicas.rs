@@ -263,12 +263,13 @@ async fn two_replicas_are_one_service() {
         "20 idle watchers on another replica cost {spent} transactions in 3 s"
     );
 
-    // A cancel sent to B stops the run on A at once.
+    // A cancel sent to B stops the run on A at once; `?wait=true` answers once it ended.
     let asked = Instant::now();
-    let (status, _, body) = b
-        .post(&format!("/runs/{stalled_run}/cancel"), &json!({}))
+    let (status, body) = b
+        .post_empty(&format!("/runs/{stalled_run}/cancel?wait=true"))
         .await;
-    assert_eq!(status, 202, "{body}");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "cancelled", "{body}");
     while status_of(&a, &stalled_run).await != "cancelled" {
         assert!(
             asked.elapsed() < Duration::from_secs(3),

@@ -197,6 +197,19 @@ impl ServerProcess {
     }
 
     /// `POST path` with a JSON body → (status, retry-after header, JSON body or `Null`).
+    /// `POST path` without a body (cancel, compact, reset) → (status, JSON body or `Null`).
+    pub async fn post_empty(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .post(self.url(path))
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path} ({}): {e}", self.name));
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Option<String>, Value) {
         let response = self
             .client
