@@ -131,7 +131,7 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
     )),
     params(
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
-        ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Stands in for `client_request_id`"),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]+$", description = "Stands in for `client_request_id` (1 to 255 visible ASCII characters, `!` to `~`)"),
     ),
     responses(
         (status = 202, description = "Run created (or, with `Idempotent-Replayed: true`, the run an earlier identical request created); `Location` is the run", body = CreateRunResponse,
@@ -172,7 +172,7 @@ pub async fn create_run(
     request_body(content = CreateRunRequest, description = "The run: provider, model and input, optionally a session to continue, tools, tool choice, limits and metadata"),
     params(
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
-        ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Stands in for `client_request_id`; a retry attaches to the existing run's stream from sequence 1"),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]+$", description = "Stands in for `client_request_id` (1 to 255 visible ASCII characters, `!` to `~`); a retry attaches to the existing run's stream from sequence 1"),
     ),
     responses(
         (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
