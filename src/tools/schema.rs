@@ -214,21 +214,10 @@ impl<'r> Node<'r> {
                 }
             }
         }
+        let mut references = Vec::new();
         for keyword in ["$ref", "$dynamicRef"] {
             if let Some(reference) = object.get(keyword).and_then(Value::as_str) {
-                let resolved = self
-                    .resolver
-                    .lookup(reference)
-                    .map_err(|_| SchemaError::Unresolvable(reference.to_owned()))?;
-                let (value, resolver, draft) = resolved.into_inner();
-                next.push((
-                    Self {
-                        value,
-                        resolver,
-                        draft,
-                    },
-                    Some(reference.to_owned()),
-                ));
+                references.push((reference.to_owned(), self.resolver.lookup(reference)));
             }
         }
         if object
@@ -236,10 +225,11 @@ impl<'r> Node<'r> {
             .and_then(Value::as_str)
             .is_some()
         {
-            let resolved = self
-                .resolver
-                .lookup_recursive_ref()
-                .map_err(|_| SchemaError::Unresolvable("$recursiveRef".to_owned()))?;
+            let resolved = self.resolver.lookup_recursive_ref();
+            references.push(("$recursiveRef".to_owned(), resolved));
+        }
+        for (reference, resolved) in references {
+            let resolved = resolved.map_err(|_| SchemaError::Unresolvable(reference.clone()))?;
             let (value, resolver, draft) = resolved.into_inner();
             next.push((
                 Self {
@@ -247,7 +237,7 @@ impl<'r> Node<'r> {
                     resolver,
                     draft,
                 },
-                Some("$recursiveRef".to_owned()),
+                Some(reference),
             ));
         }
         Ok(next)
