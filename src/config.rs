@@ -657,11 +657,12 @@ impl Config {
             figment = figment.merge(Toml::file_exact(path));
         }
         let env = Env::prefixed("BEHEST_")
-            .split("__")
             // BEHEST_CONFIG names the file itself; BEHEST_TEST_* belong to the test suite; a
             // name that is no key of the configuration (a script's own `BEHEST_BIN`) is not
-            // ours: `ignored_env_vars` lists those for a warning.
-            .filter(|key| env_key_is_ours(key.as_str()));
+            // ours: `ignored_env_vars` lists those for a warning. The filter sees the name
+            // before `split` turns `__` into `.` (figment applies them in order).
+            .filter(|key| env_key_is_ours(key.as_str()))
+            .split("__");
         let mut config: Config = figment
             .merge(env)
             .merge(Serialized::defaults(overrides))

@@ -161,6 +161,18 @@ pub fn healthcheck_blocking(address: &str) -> Result<(), String> {
     })
 }
 
+/// The one-server-per-SQLite-file lock of `database_url` (nothing for PostgreSQL), held until
+/// dropped.
+///
+/// # Errors
+/// [`ServeError::Open`] naming the SQLite file when another process holds it.
+fn lock_database(database_url: &str) -> Result<Option<store::DatabaseLock>, ServeError> {
+    store::lock_sqlite(database_url).map_err(|source| ServeError::Open {
+        target: database_target(database_url),
+        source,
+    })
+}
+
 /// `behest migrate`: opens the store at `database_url`, which applies (and logs) its pending
 /// migrations, on a Tokio runtime of its own (see [`serve_blocking`]).
 ///
@@ -172,6 +184,9 @@ pub fn migrate_blocking(database_url: &str) -> Result<(), ServeError> {
         .enable_all()
         .build()?
         .block_on(async {
+            // Not under a server that serves the same SQLite file: it would run on a schema
+            // it does not know.
+            let _database_lock = lock_database(database_url)?;
             open_store(database_url, &store::ConnectOptions::default()).await?;
             Ok(())
         })
@@ -237,11 +252,7 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
         )
     })?;
     // Held until the process ends: a second server on the same SQLite file stops here.
-    let _database_lock =
-        store::lock_sqlite(&config.database_url).map_err(|source| ServeError::Open {
-            target: database_target(&config.database_url),
-            source,
-        })?;
+    let _database_lock = lock_database(&config.database_url)?;
     let store = open_store(&config.database_url, &config.database.connect_options()).await?;
     let mut registry = ToolRegistry::connect(&config.mcp_servers, &config.http_tools).await?;
     if let Err(error) = registry.add_builtins(&config.builtin_tools) {

@@ -69,6 +69,53 @@ async fn no_providers_and_a_foreign_env_var_are_warnings() {
     );
 }
 
+/// A nested key set with `__` (`BEHEST_RUNTIME__MAX_ITERATIONS`, as the README documents) is
+/// read: a bad value or an unknown nested key stops startup naming it, like the file's keys.
+#[tokio::test]
+async fn nested_env_keys_are_read_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("behest.db").display());
+    let serve = ["serve", "--bind", "127.0.0.1:0", "--database-url", &db];
+    for (name, value, named) in [
+        ("BEHEST_RUNTIME__MAX_ITERATIONS", "abc", "MAX_ITERATIONS"),
+        ("BEHEST_RUNTIME__MAX_ITERATIONS", "0", "max_iterations"),
+        ("BEHEST_RUNTIME__MAX_ITERATIONZ", "5", "MAX_ITERATIONZ"),
+        (
+            "BEHEST_HTTP__HEADER_READ_TIMEOUT_MS",
+            "soon",
+            "HEADER_READ_TIMEOUT_MS",
+        ),
+    ] {
+        let (ok, _, stderr) = behest(&serve, &[(name, value)]).await;
+        assert!(!ok, "{name}={value} stops startup");
+        assert!(stderr.contains(named), "{name}={value}: {stderr}");
+    }
+
+    // A good nested value takes effect: a run may not ask for more iterations than the cap.
+    let server = ServerProcess::start_with_env(
+        "nested-env",
+        "[providers.demo]\nkind = \"scripted\"\n[providers.demo.models.demo]\ncontext_window = 32768\nmax_output_tokens = 4096\n",
+        &db,
+        &[
+            ("BEHEST_RUNTIME__MAX_ITERATIONS_CAP", "7"),
+            ("BEHEST_RUNTIME__MAX_ITERATIONS", "5"),
+        ],
+    )
+    .await;
+    let (status, _, session) = server.post("/sessions", &serde_json::json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let run = serde_json::json!({
+        "session_id": session["id"], "input": "hi", "provider": "demo", "model": "demo",
+        "max_iterations": 8,
+    });
+    let (status, _, problem) = server.post("/runs", &run).await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem.to_string().contains("between 1 and 7"),
+        "the cap from the env: {problem}"
+    );
+}
+
 #[tokio::test]
 async fn unknown_keys_stay_errors_and_errors_name_their_file() {
     let dir = tempfile::tempdir().unwrap();

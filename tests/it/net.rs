@@ -433,29 +433,36 @@ async fn a_second_server_on_one_sqlite_file_refuses_to_start() {
         )
         .await;
     assert_eq!(created.0, 202, "{}", created.2);
-    let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_behest"))
-        .args(["serve", "--bind", "127.0.0.1:0", "--database-url", &db.url])
-        .env_remove("BEHEST_CONFIG")
-        .env_remove("BEHEST_DATABASE_URL")
-        .env_remove("BEHEST_BIND")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let output = tokio::time::timeout(Duration::from_secs(30), second.wait_with_output())
-        .await
-        .expect("the second server exits")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
     let path = db.url.trim_start_matches("sqlite://");
-    assert!(
-        stderr.contains("another behest process is using"),
-        "{stderr}"
-    );
-    assert!(stderr.contains(path), "{stderr}");
+    // Neither a second server nor `behest migrate` (which would change the schema under the
+    // first) opens the file.
+    for args in [
+        &["serve", "--bind", "127.0.0.1:0", "--database-url", &db.url][..],
+        &["migrate", "--database-url", &db.url][..],
+    ] {
+        let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_behest"))
+            .args(args)
+            .env_remove("BEHEST_CONFIG")
+            .env_remove("BEHEST_DATABASE_URL")
+            .env_remove("BEHEST_BIND")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let output = tokio::time::timeout(Duration::from_secs(30), second.wait_with_output())
+            .await
+            .expect("the second process exits")
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("another behest process is using"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(path), "{args:?}: {stderr}");
+    }
     // The first one still serves, and its run was not taken over.
     assert_eq!(first.get("/healthz").await.0, 200);
     let run_id = created.2["run_id"].as_str().unwrap();
