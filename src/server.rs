@@ -260,6 +260,11 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
         return Err(error.into());
     }
     let tools = Arc::new(registry);
+    // The recorder before recovery: a run resumed now counts in `behest_runs_active` (its
+    // increment would otherwise go nowhere and its end drive the gauge below zero).
+    if config.telemetry.metrics {
+        crate::telemetry::metrics::install();
+    }
     let runtime = runtime(&config, store, tools.clone())?;
     runtime.warn_unfit_models().await;
     runtime.listen().await?;

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -60,8 +60,25 @@ pub async fn tag_route(matched: MatchedPath, request: Request, next: Next) -> Re
     response
 }
 
-/// Counts every request by method, route template (`unmatched` for unknown routes) and
-/// status, and times it to the response's head.
+/// The `method` label of a request: one of the nine methods of RFC 9110 §9 and RFC 5789
+/// (`PATCH`), or `other` — a client's made-up method names must not each become a series.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
+}
+
+/// Counts every request by method (`other` for a method outside RFC 9110's), route template
+/// (`unmatched` for unknown routes) and status, and times it to the response's head.
 pub async fn count_requests(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
@@ -71,7 +88,7 @@ pub async fn count_requests(request: Request, next: Next) -> Response {
         .get::<Route>()
         .map_or("unmatched", |route| route.0.as_str());
     telemetry::metrics::http_request(
-        method.as_str(),
+        method_label(&method),
         route,
         response.status().as_u16(),
         started.elapsed(),

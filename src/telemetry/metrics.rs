@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// HTTP requests by `method`, `route` (the route template, e.g. `/runs/{run_id}`, or
+/// HTTP requests by `method` (`other` outside RFC 9110's), `route` (the route template, e.g. `/runs/{run_id}`, or
 /// `unmatched`) and `status`.
 pub const HTTP_REQUESTS: &str = "behest_http_requests_total";
 /// Time from a request's arrival to its response's head, by `method`, `route`, `status`, in

@@ -300,5 +300,87 @@ async fn a_call_cut_by_a_shutdown_is_interrupted(backend: Backend) {
 
 on_both_backends!(
     metrics_after_every_kind_of_end,
-    a_call_cut_by_a_shutdown_is_interrupted
+    a_call_cut_by_a_shutdown_is_interrupted,
+    resumed_runs_are_active_and_methods_are_bounded
 );
+
+/// The built-in model, one token every `token_delay_ms`.
+fn scripted(token_delay_ms: u64) -> String {
+    format!(
+        "[providers.demo]\nkind = \"scripted\"\ntoken_delay_ms = {token_delay_ms}\n\
+         [providers.demo.models.demo]\ncontext_window = 32768\nmax_output_tokens = 4096\n"
+    )
+}
+
+/// A run resumed after a `kill -9` counts in `behest_runs_active` while it executes, and the
+/// gauge is back at 0 (not below) once it ends; a made-up method name is counted under
+/// `method="other"`, never as a series of its own.
+async fn resumed_runs_are_active_and_methods_are_bounded(backend: Backend) {
+    let Some(db) = TestDb::new(backend).await else {
+        return;
+    };
+    let config = scripted(20);
+    let mut first = ServerProcess::start("active-1", &config, &db.url).await;
+    let run_id = start(
+        &first,
+        json!({"provider": "demo", "model": "demo", "input": "count to 150"}),
+    )
+    .await;
+    until(&first, &run_id, &["calling_model"]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.kill().await;
+
+    let second = ServerProcess::start("active-2", &config, &db.url).await;
+    // Taken over at once on SQLite, after the dead process's lease on PostgreSQL.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let active = count(&scrape(&second).await, "behest_runs_active", &[]);
+        if active == 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resumed run is never active ({active})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    until(&second, &run_id, &["completed"]).await;
+    // The gauge is decremented after the run's end is written: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let active = count(&scrape(&second).await, "behest_runs_active", &[]);
+        if active == 0.0 {
+            break;
+        }
+        assert!(active > 0.0, "behest_runs_active fell to {active}");
+        assert!(
+            Instant::now() < deadline,
+            "behest_runs_active stays {active}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A made-up method, sent raw (no HTTP client sends one).
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for method in ["XQJFOO", "XQJBAR"] {
+        let mut socket = tokio::net::TcpStream::connect(second.addr).await.unwrap();
+        let request = format!("{method} /runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        socket.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        socket.read_to_end(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 405"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    let after = scrape(&second).await;
+    assert!(
+        !after
+            .samples
+            .iter()
+            .any(|s| s.labels.get("method").is_some_and(|m| m.starts_with("XQJ"))),
+        "no series per made-up method"
+    );
+    assert!(count(&after, "behest_http_requests_total", &[("method", "other")]) >= 2.0);
+}
