@@ -2,7 +2,9 @@
 //! executes (`POST /runs/{run_id}/tool_outputs`) and approvals of server tools
 //! (`POST /runs/{run_id}/approvals`).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};

@@ -241,3 +241,9 @@ mod strict {
         }
     }
 }
+
+/// Path parameters with a problem+json rejection: 400 `invalid_path` (e.g. a segment that is
+/// not UTF-8 once percent-decoded, `/runs/%ff`), instead of axum's plain-text answer.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct Path<T>(pub T);

@@ -1,7 +1,9 @@
 //! SnapshotService over REST: list, read and delete the snapshots runs write at their iteration
 //! boundaries.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::Path;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

@@ -598,3 +598,27 @@ on_both_backends!(
     bodies_on_bodiless_posts_are_refused,
     next_cursor_is_on_every_list,
 );
+
+/// A path segment that is not UTF-8 once percent-decoded is `400 invalid_path` problem+json on
+/// every route with an id (axum's own answer is plain text without a `code`).
+#[tokio::test]
+async fn non_utf8_path_segments_are_problems() {
+    let Some((_fake, server)) = start(Backend::Sqlite).await else {
+        return;
+    };
+    use reqwest::Method;
+    for (method, path) in [
+        (Method::GET, "/runs/%ff"),
+        (Method::GET, "/runs/%ff/events"),
+        (Method::GET, "/runs/%C0%AF/output"),
+        (Method::POST, "/runs/%ff/cancel"),
+        (Method::GET, "/sessions/%ff"),
+        (Method::DELETE, "/sessions/%ff"),
+        (Method::GET, "/snapshots/%ff"),
+    ] {
+        let got = send(&server, method.clone(), path, None, &[]).await;
+        assert_eq!(got.2["code"], "invalid_path", "{method} {path}: {got:?}");
+        assert_problem(&got, 400, "invalid_path", None);
+    }
+    server.stop().await;
+}
