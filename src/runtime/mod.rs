@@ -93,7 +93,9 @@ pub enum CreateRunError {
         active_run: RunId,
     },
     /// The client request id was used for a different request.
-    #[error("client_request_id `{key}` was used for a different request (run {existing})")]
+    #[error(
+        "idempotency key `{key}` (client_request_id or the Idempotency-Key header) was used for a different request (run {existing})"
+    )]
     IdempotencyKeyReused {
         /// The key.
         key: String,
