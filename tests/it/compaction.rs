@@ -1414,8 +1414,66 @@ async fn a_cancel_during_compaction_is_an_ordinary_cancel(backend: Backend) {
     server.stop().await;
 }
 
+/// A server stopped while the summariser works (the run stopped where it was, its log ending
+/// with `context_compaction_started`) leaves the run resumable: the next process resumes it
+/// (`run_resumed` at iteration 1, nothing abandoned), compacts again and completes it; the
+/// log folds.
+async fn a_run_stopped_while_compacting_resumes(backend: Backend) {
+    let Some(db) = TestDb::new(backend).await else {
+        return;
+    };
+    let fake = FakeOpenAi::start().await;
+    fake.with_context_window(WINDOW);
+    let model = Model::new(Wire::OpenAi, 60);
+    model.attach(&fake);
+    let tools = LookupServer::start(20).await;
+    let config = config(Wire::OpenAi, &fake.base_url(), &tools, COMPACTION_LATER);
+    let server = TestServer::on_store(db.store().await, config.clone(), None).await;
+    model.summaries(&[Summaries::Slow(Duration::from_secs(4))]);
+    let (run_id, session, live) = until_compaction_starts(&server, &fake, &model).await;
+    drop(live);
+    // The shutdown's grace (2 s) ends before the summary (4 s): the run stops where it is.
+    server.stop().await;
+    assert_eq!(model.summarised.load(Ordering::SeqCst), 1);
+    let stopped = db.store().await;
+    let record = stopped
+        .get_run(run_id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status.as_str(), "compacting", "{record:?}");
+
+    let restarted = TestServer::on_store(db.store().await, config, None).await;
+    assert_eq!(restarted.runtime.recover().await.unwrap(), 1);
+    let record = restarted.finished_run(&run_id).await;
+    assert_eq!(record["status"], "completed", "{record}");
+    let frames = restarted.events(&run_id, None).await;
+    let types: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    assert_eq!(
+        types[..6],
+        [
+            "run_started",
+            "context_built",
+            "context_compaction_started",
+            "run_resumed",
+            "context_compaction_started",
+            "context_compacted"
+        ],
+        "{types:?}"
+    );
+    let resumed = frames[3].json();
+    assert_eq!(resumed["iteration"], 1, "{resumed}");
+    assert_eq!(resumed["abandoned_after"], Value::Null, "{resumed}");
+    assert_eq!(model.summarised.load(Ordering::SeqCst), 2);
+    let (_, _, record) = run(&restarted, "And now?", Some(&session)).await;
+    assert_eq!(record["status"], "completed", "{record}");
+    restarted.stop().await;
+    db.cleanup().await;
+}
+
 on_both_backends!(
     compaction_is_visible_while_the_summariser_works,
+    a_run_stopped_while_compacting_resumes,
     a_cancel_during_compaction_is_an_ordinary_cancel,
     the_demo_model_compacts_a_session,
     a_200_turn_session_stays_inside_the_window,
