@@ -90,6 +90,9 @@ struct Model {
     summarised: AtomicUsize,
     /// Bodies answered instead of the next model (not summariser) request, once each.
     refusals: Mutex<Vec<(u16, Value)>>,
+    /// The reported prompt tokens are this × the fake's count (another tokenizer than the
+    /// fake's `o200k_base`); 1 unless set.
+    usage_scale: Mutex<f64>,
 }
 
 impl Model {
@@ -100,7 +103,14 @@ impl Model {
             summaries: Mutex::new(std::collections::VecDeque::new()),
             summarised: AtomicUsize::new(0),
             refusals: Mutex::new(Vec::new()),
+            usage_scale: Mutex::new(1.0),
         })
+    }
+
+    /// The prompt tokens the fake reports for a request: its count × the usage scale.
+    fn reported_prompt(&self, body: &Value) -> u64 {
+        let scale = *self.usage_scale.lock().unwrap();
+        (fake_openai::prompt_tokens(body) as f64 * scale).round() as u64
     }
 
     fn summaries(&self, summaries: &[Summaries]) {
@@ -120,7 +130,7 @@ impl Model {
     }
 
     fn answer(&self, request: &RecordedRequest) -> Reply {
-        let prompt = fake_openai::prompt_tokens(&request.body);
+        let prompt = self.reported_prompt(&request.body);
         if is_summariser(&request.body) {
             let n = self.summarised.fetch_add(1, Ordering::SeqCst) + 1;
             let next = self.summaries.lock().unwrap().pop_front();
@@ -1471,7 +1481,65 @@ async fn a_run_stopped_while_compacting_resumes(backend: Backend) {
     db.cleanup().await;
 }
 
+/// Issue 24 item 5: calibration against a server that reports usage in the real OpenAI wire
+/// format (a last chunk with `usage`, `choices: []`) and counts 1.6 × what behest's estimate
+/// (`o200k_base` × 1.2 for a model it does not know) would say — a small-vocabulary model's
+/// tokenizer. Over a 40-turn session with a tool call per turn: each auto compaction's
+/// estimate of the compacted request (`context_compacted.tokens_after`) is within 10 % of
+/// what the server then reports for the call made with it (measured from the compacted
+/// request, far below `tokens_before`); and every request, as the server counts it, fit its
+/// window (without calibration the threshold would be passed by a third).
+async fn calibration_follows_a_server_that_counts_differently(backend: Backend) {
+    let Some((server, fake, model, _tools)) = start(backend, Wire::OpenAi, COMPACTION, 60).await
+    else {
+        return;
+    };
+    *model.usage_scale.lock().unwrap() = 1.6;
+    let (_, runs) = session(&server, 40).await;
+    let mut compactions = 0;
+    for frames in &runs {
+        let Some(at) = frames.iter().position(|f| f.event == "context_compacted") else {
+            continue;
+        };
+        let compacted = frames[at].json();
+        assert_eq!(compacted["trigger"], "auto", "{compacted}");
+        let reported = frames[at..]
+            .iter()
+            .find(|f| f.event == "usage_recorded")
+            .map(|f| f.json()["usage"].clone())
+            .expect("a model call after the compaction");
+        assert_eq!(
+            reported["estimated"], false,
+            "the server reported it: {reported}"
+        );
+        let reported = reported["input_tokens"].as_u64().unwrap() as f64;
+        let estimated = compacted["tokens_after"].as_u64().unwrap() as f64;
+        let before = compacted["tokens_before"].as_u64().unwrap() as f64;
+        let off = (estimated - reported).abs() / reported;
+        assert!(
+            off <= 0.10,
+            "compaction {compactions}: {estimated} estimated vs {reported} reported ({:.1} %)",
+            off * 100.0
+        );
+        assert!(
+            reported < before * 0.8,
+            "{reported} reported, {before} before"
+        );
+        compactions += 1;
+    }
+    assert!(compactions >= 3, "{compactions} compactions in 40 turns");
+    for body in model_requests(&fake) {
+        let reported = model.reported_prompt(&body);
+        assert!(
+            reported + MAX_OUTPUT <= WINDOW,
+            "a request of {reported} tokens (as the server counts) did not fit"
+        );
+    }
+    server.stop().await;
+}
+
 on_both_backends!(
+    calibration_follows_a_server_that_counts_differently,
     compaction_is_visible_while_the_summariser_works,
     a_run_stopped_while_compacting_resumes,
     a_cancel_during_compaction_is_an_ordinary_cancel,
