@@ -582,10 +582,15 @@ async fn a_context_length_error_compacts_once_and_retries(backend: Backend) {
             .iter()
             .position(|k| *k == "model_retrying")
             .expect(file);
-        assert_eq!(kinds[retry + 1], "context_compacted", "{file}: {kinds:?}");
+        assert_eq!(
+            kinds[retry + 1..retry + 3],
+            ["context_compaction_started", "context_compacted"],
+            "{file}: {kinds:?}"
+        );
         let retrying = frames[retry].json();
         assert_eq!(retrying["error_class"], "context_length_exceeded", "{file}");
         assert_eq!(frames[retry + 1].json()["trigger"], "reactive", "{file}");
+        assert_eq!(frames[retry + 2].json()["trigger"], "reactive", "{file}");
         assert_eq!(model.summarised.load(Ordering::SeqCst), 1, "{file}");
         // Rejected twice: one compaction, then the run fails, clearly.
         model.refuse_next(status, body.clone());

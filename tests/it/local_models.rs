@@ -381,15 +381,22 @@ async fn a_413_compacts_once_and_retries(backend: Backend) {
     let retrying = of_type(&frames, "model_retrying");
     assert_eq!(retrying.len(), 1, "{frames:?}");
     assert_eq!(retrying[0].json()["error_class"], "context_length_exceeded");
-    // The reactive compaction comes right after the retry announcement (an automatic one
-    // may follow before the turn's next call: the window is small).
+    // The reactive compaction comes right after the retry announcement, announced before its
+    // summariser is called (an automatic one may follow before the turn's next call: the
+    // window is small).
     let compacted = of_type(&frames, "context_compacted");
     let reactive: Vec<_> = compacted
         .iter()
         .filter(|f| f.json()["trigger"] == "reactive")
         .collect();
     assert_eq!(reactive.len(), 1, "{frames:?}");
-    assert_eq!(reactive[0].sequence(), retrying[0].sequence() + 1);
+    let next = frames
+        .iter()
+        .find(|f| f.sequence() == retrying[0].sequence() + 1)
+        .unwrap();
+    assert_eq!(next.event, "context_compaction_started", "{frames:?}");
+    assert_eq!(next.json()["trigger"], "reactive");
+    assert_eq!(reactive[0].sequence(), retrying[0].sequence() + 2);
     server.stop().await;
 }
 
