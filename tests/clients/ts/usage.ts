@@ -110,6 +110,7 @@ function terminal(status: RunStatus): boolean {
     case 'pending':
     case 'session_loaded':
     case 'building_context':
+    case 'compacting':
     case 'calling_model':
     case 'waiting_for_tools':
     case 'requires_action':
