@@ -20,6 +20,10 @@ pub enum RunStatus {
     SessionLoaded,
     /// The model's context is being assembled.
     BuildingContext,
+    /// The context is being compacted: the summariser call of a compaction is in flight
+    /// (`context_compaction_started`); the run goes on with `building_context` or
+    /// `calling_model`.
+    Compacting,
     /// A model call is streaming.
     CallingModel,
     /// Tool calls are executing.
@@ -39,10 +43,11 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Every status, in life order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Pending,
         Self::SessionLoaded,
         Self::BuildingContext,
+        Self::Compacting,
         Self::CallingModel,
         Self::WaitingForTools,
         Self::RequiresAction,
@@ -65,6 +70,7 @@ impl RunStatus {
             Self::Pending => "pending",
             Self::SessionLoaded => "session_loaded",
             Self::BuildingContext => "building_context",
+            Self::Compacting => "compacting",
             Self::CallingModel => "calling_model",
             Self::WaitingForTools => "waiting_for_tools",
             Self::RequiresAction => "requires_action",

@@ -124,6 +124,9 @@ event_payloads! {
     /// The run's context was compacted: older turns replaced by a summary in the requests that
     /// follow (the stored messages stay).
     ContextCompacted(ContextCompacted) = "context_compacted",
+    /// The summariser was called to compact the run's context (status `compacting` until
+    /// `context_compacted`, or the next event, says how it went).
+    ContextCompactionStarted(ContextCompactionStarted) = "context_compaction_started",
 }
 
 impl EventPayload {
@@ -412,6 +415,28 @@ pub struct ContextCompacted {
     pub usage: TokenUsage,
     /// How long the summariser took, in ms.
     pub duration_ms: u64,
+}
+
+/// `context_compaction_started`: the summariser was called to compact the run's context; the run
+/// is in status `compacting` until the call returns (seconds to minutes with a large local
+/// model). What follows says how it went: `context_compacted` on success; on a failure nothing
+/// (or `compaction_circuit_opened`, when this failure opened the breaker) and the run goes on
+/// with its request as it is, or fails with `context_length_exceeded` when that does not fit.
+/// A cancel meanwhile is an ordinary cancel (`run_cancelled`). Comes where `context_compacted`
+/// may come: before a call's `model_started` (`trigger` `auto`), or after the `model_retrying`
+/// of a call the provider rejected as too long (`reactive`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ContextCompactionStarted {
+    /// What made it happen: `auto` or `reactive`.
+    pub trigger: CompactionTrigger,
+    /// Original messages being summarised (older than the turns kept verbatim).
+    pub messages_to_summarise: u32,
+    /// The request's estimated size before the compaction, in tokens.
+    pub tokens_before: u64,
+    /// The summariser's provider id (the compaction provider, else the run's).
+    pub provider: String,
+    /// The summariser's model (the compaction model, else the run's).
+    pub model: String,
 }
 
 #[cfg(test)]

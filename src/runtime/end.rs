@@ -8,7 +8,8 @@
 //! The order, read from the run's trail once every event before is durable: (1) each tool call
 //! the cut-off model call started and did not complete is completed, its argument text so far
 //! as `invalid_arguments`; (2) when this process made that call and it was still streaming,
-//! its estimated usage is recorded (`usage_recorded`, `estimated: true`); (3) the text that
+//! its estimated usage is recorded (`usage_recorded`, `estimated: true`), and likewise a
+//! compaction's summariser call cut off (after `context_compaction_started`); (3) the text that
 //! call streamed is kept as an incomplete assistant message; (4) each execution still open gets its `tool_execution_finished` (a `Failure`);
 //! (5) each tool call of the run without a tool message gets one; (6) the terminal event, with
 //! the run's status, finish reason, error and error class in its transaction. A completed run
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use super::event_log::LogError;
 use super::model_turn::CallInFlight;
-use super::{RunEmitter, model_turn, tool_exec};
+use super::{RunEmitter, compaction, model_turn, tool_exec};
 use crate::domain::{ErrorClass, RunEnd, RunRecord};
 use crate::store::{Store, StoreError};
 
@@ -69,6 +70,16 @@ pub(super) async fn close_out(
         let trail = emitter.trail();
         model_turn::complete_open_calls(emitter, &trail).await?;
         let cancelled = matches!(end, RunEnd::Cancelled);
+        let trail = emitter.trail();
+        compaction::record_cut_off_summariser(
+            emitter,
+            store.as_ref(),
+            record,
+            &trail,
+            in_flight,
+            cancelled,
+        )
+        .await?;
         let trail = emitter.trail();
         model_turn::record_cut_off_usage(
             emitter,

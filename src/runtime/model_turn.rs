@@ -139,6 +139,9 @@ pub(super) struct CallInFlight {
     pub input_tokens: u64,
     /// When the call was made.
     pub started: Instant,
+    /// The call is a compaction's summariser call (`context_compaction_started`), not the
+    /// run's model call.
+    pub summariser: bool,
 }
 
 /// The run's model call in flight, shared by its task and its supervisor.
@@ -187,7 +190,7 @@ pub(super) async fn record_cut_off_usage(
     let (Some(call), Some(in_flight)) = (trail.cut_off_call(), in_flight) else {
         return Ok(());
     };
-    if call.phase != super::trail::CallPhase::Streaming {
+    if in_flight.summariser || call.phase != super::trail::CallPhase::Streaming {
         return Ok(());
     }
     let counter = crate::runtime::tokens::TokenCounter::for_model(&in_flight.model);

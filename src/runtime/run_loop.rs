@@ -361,6 +361,7 @@ async fn iterate(
             emitter,
             tools: &progress.tools,
             iterations: iteration - 1,
+            in_flight: &context.in_flight,
         };
         call.before(
             &mut progress.context,
@@ -507,6 +508,7 @@ async fn call_model(
                 model: record.model.clone(),
                 input_tokens: estimate.input_tokens,
                 started: std::time::Instant::now(),
+                summariser: false,
             }),
         );
         let turn = model_turn::call_model(
@@ -554,6 +556,7 @@ async fn call_model(
             emitter,
             tools: &progress.tools,
             iterations: iteration,
+            in_flight: &context.in_flight,
         };
         call.after_overflow(&mut progress.context, &mut progress.total_usage, &error)
             .await?;

@@ -9,6 +9,9 @@
 //! (`model_retrying` and a reactive `context_compacted` before any output; text, reasoning and
 //! tool calls; `usage_recorded`, `cache_metrics`), `assistant_message_committed`, then the
 //! turn's tool work (`doom_loop_detected`, `tool_calls_required`, executions, tool messages).
+//! A compaction (`context_compaction_started`, then `context_compacted` when it succeeds) comes
+//! where a compaction may: before a call, or after a call's rejection as too long; one cut off
+//! by the run's end is closed by its summariser's estimated `usage_recorded`.
 //! `run_resumed` may come anywhere before the end: it abandons a call cut off before its
 //! commit. The terminal event comes once, last.
 
@@ -186,6 +189,8 @@ pub struct RunTrail {
     call: Option<ModelCall>,
     /// The iteration the last `run_resumed` announced, until the next `model_started`.
     next_iteration: Option<u32>,
+    /// The sequence of a `context_compaction_started` whose outcome is not logged yet.
+    compaction: Option<u64>,
     resumed: u32,
     end: Option<RunEnd>,
     broken: Option<TrailError>,
@@ -313,6 +318,15 @@ impl RunTrail {
             .flat_map(|turn| turn.executions.iter().filter(|e| e.is_open()))
     }
 
+    /// The sequence of the `context_compaction_started` whose summariser call has no outcome in
+    /// the log yet (no `context_compacted`, `compaction_circuit_opened`, `model_started`,
+    /// `usage_recorded` or `run_resumed` after it): the compaction a run that ends now was
+    /// cut off in.
+    #[must_use]
+    pub fn open_compaction(&self) -> Option<u64> {
+        self.compaction
+    }
+
     /// How many times the run was resumed (`run_resumed`).
     #[must_use]
     pub fn resumed(&self) -> u32 {
@@ -425,6 +439,7 @@ impl RunTrail {
                     ));
                 }
                 self.next_iteration = None;
+                self.compaction = None;
                 self.call = Some(ModelCall {
                     sequence,
                     iteration: started.iteration,
@@ -493,7 +508,9 @@ impl RunTrail {
                 }
                 call.retried = true;
             }
-            EventPayload::ContextCompacted(_) | EventPayload::CompactionCircuitOpened(_) => {
+            EventPayload::ContextCompacted(_)
+            | EventPayload::CompactionCircuitOpened(_)
+            | EventPayload::ContextCompactionStarted(_) => {
                 let allowed = match &self.call {
                     None => true,
                     Some(call) => match call.phase {
@@ -509,7 +526,14 @@ impl RunTrail {
                             .into(),
                     );
                 }
+                self.compaction = match payload {
+                    EventPayload::ContextCompactionStarted(_) => Some(sequence),
+                    _ => None,
+                };
             }
+            // The estimated usage of a summariser call cut off by the run's end closes the
+            // compaction; any other is a model call's.
+            EventPayload::UsageRecorded(_) if self.compaction.is_some() => self.compaction = None,
             EventPayload::UsageRecorded(_) => self.streaming()?.phase = CallPhase::Streamed,
             EventPayload::CacheMetrics(_) => {
                 if self.call.as_ref().map(|call| call.phase) != Some(CallPhase::Streamed) {
@@ -656,6 +680,7 @@ impl RunTrail {
                     call.phase = CallPhase::Abandoned;
                 }
                 self.next_iteration = Some(resumed.iteration);
+                self.compaction = None;
                 self.resumed += 1;
             }
             EventPayload::RunCompleted(completed) => {

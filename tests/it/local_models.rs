@@ -9,18 +9,16 @@
 
 use crate::support;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::Json;
-use axum::routing::post;
 use behest::config::Config;
 use behest::runtime::compaction::SUMMARISER_PROMPT;
 use serde_json::{Value, json};
 use support::db::Backend;
 use support::fake_openai::{self, FakeOpenAi, RecordedRequest, Reply};
+use support::lookup::LookupServer;
 use support::schema::EventSchema;
 use support::server::{Frame, TestServer};
 use support::validate::validate_openai_request;
@@ -38,54 +36,20 @@ fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-// ---------------------------------------------------------------------------------------------
-// The tool
-
-/// An HTTP tool server: `lookup {key}` answers a record of 60 words.
-struct ToolServer {
-    addr: SocketAddr,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl ToolServer {
-    async fn start() -> Self {
-        let app = axum::Router::new().route(
-            "/lookup",
-            post(|Json(arguments): Json<Value>| async move {
-                let key = arguments["key"].as_str().unwrap_or("?").to_owned();
-                let words: Vec<String> = (0..60).map(|n| format!("{key}-fact-{n}")).collect();
-                Json(json!({"key": key, "record": words.join(" ")}))
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Self { addr, server }
-    }
-}
-
-impl Drop for ToolServer {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
 /// A config with the `fake` provider at `base_url` (its model `smollm2` with a `window`-token
 /// window, maybe larger than the server's), the `lookup` tool, and `extra` TOML (provider
 /// options, `[compaction]`) — default provider options unless `extra` sets some.
-fn config(base_url: &str, tools: &ToolServer, window: u64, provider_extra: &str) -> Config {
+fn config(base_url: &str, tools: &LookupServer, window: u64, provider_extra: &str) -> Config {
     let toml = format!(
         "[http_tools.lookup]\ndescription = \"Looks a record up by its key.\"\n\
-         url = \"http://{}/lookup\"\n\
+         url = \"{}\"\n\
          parameters = {{ type = \"object\", properties = {{ key = {{ type = \"string\" }} }}, \
          required = [\"key\"] }}\n\
          [providers.fake]\nkind = \"openai\"\nbase_url = \"{base_url}\"\n{provider_extra}\n\
          [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 5000\nidle_ms = 5000\ntotal_ms = 20000\n\
          [providers.fake.retry]\nmax_attempts = 3\ninitial_backoff_ms = 20\nmax_backoff_ms = 50\n\
          [providers.fake.models.smollm2]\ncontext_window = {window}\nmax_output_tokens = {MAX_OUTPUT}\n",
-        tools.addr
+        tools.url()
     );
     Config::from_toml(&toml).unwrap()
 }
@@ -271,7 +235,7 @@ async fn session(server: &TestServer, turns: usize) -> (String, Vec<Vec<Frame>>)
 async fn a_tool_loop_works_with_default_options(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     let server_model = LlamaCppPython::attach(&fake, Usage::Recorded);
-    let tools = ToolServer::start().await;
+    let tools = LookupServer::start(60).await;
     let Some(server) =
         TestServer::start(backend, config(&fake.base_url(), &tools, SERVER_WINDOW, "")).await
     else {
@@ -309,7 +273,7 @@ async fn a_tool_loop_works_with_default_options(backend: Backend) {
 async fn a_validation_500_is_not_retried_and_names_its_cause(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     let server_model = LlamaCppPython::attach(&fake, Usage::Recorded);
-    let tools = ToolServer::start().await;
+    let tools = LookupServer::start(60).await;
     let extra = "assistant_tool_call_content = \"null\"";
     let Some(server) = TestServer::start(
         backend,
@@ -345,7 +309,7 @@ const FIRST_LINE: &str = "Input should be 'system'";
 async fn an_empty_stream_over_the_window_compacts_and_retries(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     let server_model = LlamaCppPython::attach(&fake, Usage::Recorded);
-    let tools = ToolServer::start().await;
+    let tools = LookupServer::start(60).await;
     let Some(server) = TestServer::start(
         backend,
         config(&fake.base_url(), &tools, 2 * SERVER_WINDOW, ""),
@@ -398,7 +362,7 @@ async fn an_empty_stream_over_the_window_compacts_and_retries(backend: Backend) 
 async fn a_413_compacts_once_and_retries(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     let server_model = LlamaCppPython::attach(&fake, Usage::Recorded);
-    let tools = ToolServer::start().await;
+    let tools = LookupServer::start(60).await;
     let Some(server) =
         TestServer::start(backend, config(&fake.base_url(), &tools, SERVER_WINDOW, "")).await
     else {
@@ -417,15 +381,22 @@ async fn a_413_compacts_once_and_retries(backend: Backend) {
     let retrying = of_type(&frames, "model_retrying");
     assert_eq!(retrying.len(), 1, "{frames:?}");
     assert_eq!(retrying[0].json()["error_class"], "context_length_exceeded");
-    // The reactive compaction comes right after the retry announcement (an automatic one
-    // may follow before the turn's next call: the window is small).
+    // The reactive compaction comes right after the retry announcement, announced before its
+    // summariser is called (an automatic one may follow before the turn's next call: the
+    // window is small).
     let compacted = of_type(&frames, "context_compacted");
     let reactive: Vec<_> = compacted
         .iter()
         .filter(|f| f.json()["trigger"] == "reactive")
         .collect();
     assert_eq!(reactive.len(), 1, "{frames:?}");
-    assert_eq!(reactive[0].sequence(), retrying[0].sequence() + 1);
+    let next = frames
+        .iter()
+        .find(|f| f.sequence() == retrying[0].sequence() + 1)
+        .unwrap();
+    assert_eq!(next.event, "context_compaction_started", "{frames:?}");
+    assert_eq!(next.json()["trigger"], "reactive");
+    assert_eq!(reactive[0].sequence(), retrying[0].sequence() + 2);
     server.stop().await;
 }
 
@@ -434,7 +405,7 @@ async fn a_413_compacts_once_and_retries(backend: Backend) {
 async fn a_truncated_stream_is_a_transport_failure(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     let server_model = LlamaCppPython::attach(&fake, Usage::Recorded);
-    let tools = ToolServer::start().await;
+    let tools = LookupServer::start(60).await;
     let Some(server) =
         TestServer::start(backend, config(&fake.base_url(), &tools, SERVER_WINDOW, "")).await
     else {
@@ -474,7 +445,7 @@ async fn usage_after_a_compaction_is_the_request_sent(backend: Backend) {
     for usage in [Usage::Scaled(1.3), Usage::Recorded] {
         let fake = FakeOpenAi::start().await;
         let _server_model = LlamaCppPython::attach(&fake, usage);
-        let tools = ToolServer::start().await;
+        let tools = LookupServer::start(60).await;
         // A window inside the server's, so that only auto compaction happens (never the
         // server's refusal): 2,000 tokens, compacting past 2,000 − 200 − 1,000.
         let toml = "[compaction]\nbuffer_tokens = 1000\nkeep_tokens = 500\ntail_turns = 1\n";
@@ -551,7 +522,7 @@ async fn the_summarisers_overflow_is_split(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     let server_model = LlamaCppPython::attach(&fake, Usage::Recorded);
     server_model.enforcing.store(false, Ordering::SeqCst);
-    let tools = ToolServer::start().await;
+    let tools = LookupServer::start(60).await;
     let mut config = config(&fake.base_url(), &tools, 4 * SERVER_WINDOW, "");
     config.compaction = Config::from_toml("[compaction]\nauto = false\n")
         .unwrap()

@@ -40,6 +40,8 @@ mod first_hour;
 #[cfg(test)]
 mod input;
 #[cfg(test)]
+mod llama_server;
+#[cfg(test)]
 mod local_models;
 #[cfg(test)]
 mod migration;

@@ -13,7 +13,7 @@ const EVENT_TYPES = [
   'tool_execution_started', 'tool_execution_finished', 'assistant_message_committed',
   'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
   'run_cancelled', 'doom_loop_detected', 'context_compacted', 'compaction_circuit_opened',
-  'run_resumed', 'tool_calls_required',
+  'run_resumed', 'tool_calls_required', 'context_compaction_started',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -492,9 +492,19 @@ function apply(current, transcript, event) {
     case 'doom_loop_detected':
       note(transcript, 'doom', 'Doom loop detected: ' + event.description);
       break;
+    case 'context_compaction_started':
+      // The summariser is working (seconds to minutes with a large local model): say so until
+      // `context_compacted`, or the next event, says how it went.
+      current.bubble = null;
+      note(transcript, 'muted', 'Compacting the context (' + event.trigger + '): summarising '
+        + event.messages_to_summarise + ' messages of about ' + event.tokens_before
+        + ' tokens with ' + event.model + '…');
+      setState('compacting', 'running');
+      break;
     case 'context_compacted':
       current.bubble = null;
       compactionNote(transcript, event);
+      setState('running', 'running');
       break;
     case 'compaction_circuit_opened':
       note(transcript, 'error', 'Compaction circuit breaker opened after '

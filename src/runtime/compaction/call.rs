@@ -6,10 +6,13 @@ use super::conversation::Conversation;
 use super::job::{Attempt, Job};
 use crate::config::ModelConfig;
 use crate::domain::{CompactionConfig, CompactionTrigger, RunId, RunStatus, SessionId, TokenUsage};
-use crate::events::{CompactionCircuitOpened, ContextCompacted, EventPayload};
+use crate::events::{
+    CompactionCircuitOpened, ContextCompacted, ContextCompactionStarted, EventPayload,
+};
 use crate::provider::{ProviderError, ToolSpec};
 use crate::runtime::Runtime;
 use crate::runtime::event_log::{LogError, RunEmitter};
+use crate::runtime::model_turn::{self, CallInFlight, InFlight};
 use crate::store::{RunChange, StoreError};
 use crate::telemetry;
 
@@ -85,6 +88,9 @@ pub(in crate::runtime) struct Call<'a> {
     pub tools: &'a [ToolSpec],
     /// Model calls the run has made so far (its `iterations`).
     pub iterations: u32,
+    /// The run's call in flight: the summariser's while it is called, for the run's end if it
+    /// cuts the call off.
+    pub in_flight: &'a InFlight,
 }
 
 impl Call<'_> {
@@ -196,9 +202,12 @@ impl Call<'_> {
         }
     }
 
-    /// One compaction attempt with its events: `context_compacted` (its usage counted in the
-    /// run's) on success; on failure the breaker's count, and `compaction_circuit_opened` when
-    /// this failure opened it. `None` when compacted, else why not.
+    /// One compaction attempt with its events: before the summariser is called,
+    /// `context_compaction_started` (status `compacting`), written after `preamble` (the run's
+    /// opening events), so a watcher sees the run start and what it waits for; then
+    /// `context_compacted` (its usage counted in the run's) on success; on failure the
+    /// breaker's count, and `compaction_circuit_opened` when this failure opened it. `None`
+    /// when compacted, else why not.
     async fn attempt(
         &self,
         job: Job<'_>,
@@ -207,7 +216,41 @@ impl Call<'_> {
         preamble: &mut Vec<(EventPayload, RunChange)>,
     ) -> Result<Option<String>, Stop> {
         let trigger = job.trigger.as_str();
-        match job.run(conversation).await? {
+        let outcome = match job.plan(conversation).await? {
+            Err(outcome) => outcome,
+            Ok(planned) => {
+                let mut events = std::mem::take(preamble);
+                events.push((
+                    EventPayload::ContextCompactionStarted(ContextCompactionStarted {
+                        trigger: job.trigger,
+                        messages_to_summarise: planned.messages_to_summarise,
+                        tokens_before: planned.tokens_before,
+                        provider: planned.provider_id.clone(),
+                        model: planned.model.clone(),
+                    }),
+                    RunChange {
+                        status: Some(RunStatus::Compacting),
+                        ..RunChange::default()
+                    },
+                ));
+                self.emitter.emit_all(events).await?;
+                let counter = crate::runtime::tokens::TokenCounter::for_model(&planned.model);
+                model_turn::set_in_flight(
+                    self.in_flight,
+                    Some(CallInFlight {
+                        provider: planned.provider_id.clone(),
+                        model: planned.model.clone(),
+                        input_tokens: planned.head_tokens + counter.text(super::SUMMARISER_PROMPT),
+                        started: std::time::Instant::now(),
+                        summariser: true,
+                    }),
+                );
+                let outcome = job.summarise(conversation, planned).await;
+                model_turn::set_in_flight(self.in_flight, None);
+                outcome
+            }
+        };
+        match outcome {
             Attempt::Compacted(candidate) => {
                 telemetry::metrics::compaction(trigger, true);
                 let compaction = candidate.compaction.clone();
@@ -271,4 +314,72 @@ impl Call<'_> {
             }
         }
     }
+}
+
+/// Records the estimated usage of a compaction's summariser call the run ended in, when the
+/// log has its `context_compaction_started` without an outcome and this process made the call
+/// (`in_flight`): the tokens of the messages it was sent and of the summariser's prompt, no
+/// output, `estimated: true`, as a `usage_recorded` counted in the run's `total_usage` and in
+/// the token metrics; the call is counted as `cancelled` in the call metrics when a cancel cut
+/// it. A run ended by another process after a crash has no call in flight: nothing is
+/// estimated for it (the log stays as it is, the compaction without an outcome).
+///
+/// # Errors
+/// The event log's or the store's.
+pub(in crate::runtime) async fn record_cut_off_summariser(
+    emitter: &RunEmitter,
+    store: &dyn crate::store::Store,
+    record: &crate::domain::RunRecord,
+    trail: &crate::runtime::trail::RunTrail,
+    in_flight: Option<&CallInFlight>,
+    cancelled: bool,
+) -> Result<(), crate::runtime::end::EndError> {
+    let Some(in_flight) = in_flight.filter(|call| call.summariser) else {
+        return Ok(());
+    };
+    if trail.open_compaction().is_none() {
+        return Ok(());
+    }
+    let counter = crate::runtime::tokens::TokenCounter::for_model(&in_flight.model);
+    let usage = counter.usage(
+        in_flight.input_tokens,
+        &crate::runtime::tokens::Reply {
+            text: "",
+            reasoning: "",
+            tool_calls: &[],
+        },
+    );
+    let mut total = store
+        .get_run(record.id)
+        .await?
+        .map_or(record.total_usage, |run| run.total_usage);
+    total += usage;
+    emitter
+        .emit_with(
+            EventPayload::UsageRecorded(crate::events::UsageRecorded { usage }),
+            RunChange {
+                progress: Some((trail.iterations(), total)),
+                ..RunChange::default()
+            },
+        )
+        .await?;
+    telemetry::metrics::tokens(
+        &in_flight.provider,
+        &in_flight.model,
+        [
+            ("input", usage.input_tokens),
+            ("output", 0),
+            ("cache_read", 0),
+            ("cache_write", 0),
+        ],
+    );
+    if cancelled {
+        telemetry::metrics::model_call(
+            &in_flight.provider,
+            &in_flight.model,
+            "cancelled",
+            in_flight.started.elapsed(),
+        );
+    }
+    Ok(())
 }

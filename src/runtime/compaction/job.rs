@@ -58,12 +58,47 @@ pub(super) enum Attempt {
     },
 }
 
+/// A compaction about to call its summariser: what it summarises, with which model.
+pub(super) struct Planned {
+    split: Split,
+    provider: Arc<dyn Provider>,
+    /// The summariser's provider id and model.
+    pub(super) provider_id: String,
+    pub(super) model: String,
+    limits: ModelConfig,
+    /// The request's estimated size before, in tokens.
+    pub(super) tokens_before: u64,
+    /// The estimated tokens of the messages summarised (what the summariser is sent, besides
+    /// its prompt and the previous summary).
+    pub(super) head_tokens: u64,
+    /// Original messages summarised.
+    pub(super) messages_to_summarise: u32,
+    budget: u32,
+    started: Instant,
+}
+
 impl Job<'_> {
     /// Selects the head, summarises it and checks the result.
     ///
     /// # Errors
     /// The store's (reading the breaker).
     pub(super) async fn run(&self, conversation: &mut Conversation) -> Result<Attempt, StoreError> {
+        match self.plan(conversation).await? {
+            Ok(planned) => Ok(self.summarise(conversation, planned).await),
+            Err(attempt) => Ok(attempt),
+        }
+    }
+
+    /// Checks the breaker, selects the head and finds the summariser: what the summariser call
+    /// will be, or the attempt's outcome when no call is made (`NotAttempted`, or `Failed` when
+    /// the summariser is not configured).
+    ///
+    /// # Errors
+    /// The store's (reading the breaker).
+    pub(super) async fn plan(
+        &self,
+        conversation: &mut Conversation,
+    ) -> Result<Result<Planned, Attempt>, StoreError> {
         let started = Instant::now();
         let breaker = self
             .runtime
@@ -71,11 +106,11 @@ impl Job<'_> {
             .circuit_breaker(self.settings.circuit_breaker_threshold)
             .await?;
         if breaker.is_open {
-            return Ok(Attempt::NotAttempted(format!(
+            return Ok(Err(Attempt::NotAttempted(format!(
                 "the compaction circuit breaker is open ({} consecutive failures; reset it with \
                  POST /compaction/circuit-breaker/reset)",
                 breaker.consecutive_failures
-            )));
+            ))));
         }
         let sizes = conversation.sizes();
         let split = select::split(
@@ -85,64 +120,92 @@ impl Job<'_> {
             self.settings.tail_turns,
         );
         if !split.has_head(&conversation.messages) {
-            return Ok(Attempt::NotAttempted(
+            return Ok(Err(Attempt::NotAttempted(
                 "nothing is older than the turns compaction keeps verbatim".to_owned(),
-            ));
+            )));
         }
-        let head_tokens: u64 = (0..split.tail_start)
+        let summarised: Vec<usize> = (0..split.tail_start)
             .filter(|&i| conversation.messages[i].role != Role::System && Some(i) != split.pinned)
-            .map(|i| sizes[i])
-            .sum();
+            .collect();
+        let head_tokens: u64 = summarised.iter().map(|&i| sizes[i]).sum();
         let floor = conversation.counter.text(SUMMARY_HEADING) + MIN_SUMMARY_TOKENS;
         if head_tokens <= floor {
-            return Ok(Attempt::NotAttempted(format!(
+            return Ok(Err(Attempt::NotAttempted(format!(
                 "the turns older than those compaction keeps verbatim hold about {head_tokens} \
                  tokens: too few for a summary to shrink them (it needs more than {floor})"
-            )));
+            ))));
         }
         let (provider, provider_id, model, limits) = match self.summariser() {
             Ok(found) => found,
             Err(message) => {
-                return Ok(Attempt::Failed {
+                return Ok(Err(Attempt::Failed {
                     message,
                     usage: TokenUsage::default(),
-                });
+                }));
             }
         };
         let tokens_before = conversation.measure(self.tools).estimated;
         let budget = self.summary_budget(conversation);
-        let head: Vec<&Message> = conversation.messages[..split.tail_start]
+        Ok(Ok(Planned {
+            split,
+            provider,
+            provider_id,
+            model,
+            limits,
+            tokens_before,
+            head_tokens,
+            messages_to_summarise: u32::try_from(summarised.len()).unwrap_or(u32::MAX),
+            budget,
+            started,
+        }))
+    }
+
+    /// Calls the summariser for `planned` and checks the result: the compaction, or why it
+    /// failed.
+    pub(super) async fn summarise(
+        &self,
+        conversation: &mut Conversation,
+        planned: Planned,
+    ) -> Attempt {
+        let head: Vec<&Message> = conversation.messages[..planned.split.tail_start]
             .iter()
             .filter(|m| m.role != Role::System)
             .collect();
         let summariser = summarise::Summariser {
-            provider: provider.as_ref(),
-            provider_id: &provider_id,
-            model: &model,
-            limits,
+            provider: planned.provider.as_ref(),
+            provider_id: &planned.provider_id,
+            model: &planned.model,
+            limits: planned.limits,
         };
         let previous = conversation.compaction.as_ref().map(|c| c.summary.as_str());
-        let summary = match summariser.summarise(previous, &head, budget).await {
+        let summary = match summariser.summarise(previous, &head, planned.budget).await {
             Ok(summary) => summary,
             Err(error) => {
-                return Ok(Attempt::Failed {
+                return Attempt::Failed {
                     message: error.message,
                     usage: error.usage,
-                });
+                };
             }
         };
-        let candidate = self.candidate(conversation, &split, summary, tokens_before, started);
+        let tokens_before = planned.tokens_before;
+        let candidate = self.candidate(
+            conversation,
+            &planned.split,
+            summary,
+            tokens_before,
+            planned.started,
+        );
         let tokens_after = candidate.compaction.tokens_after;
         if tokens_after >= tokens_before {
-            return Ok(Attempt::Failed {
+            return Attempt::Failed {
                 message: format!(
                     "the summary did not shrink the context (about {tokens_before} tokens before, \
                      {tokens_after} after)"
                 ),
                 usage: candidate.compaction.usage,
-            });
+            };
         }
-        Ok(Attempt::Compacted(candidate))
+        Attempt::Compacted(candidate)
     }
 
     /// The summariser: the configured compaction model, else the run's.

@@ -26,7 +26,7 @@ use crate::domain::{
 use crate::store::{RunFilter, StoreError};
 use crate::telemetry;
 
-pub(in crate::runtime) use call::{Call, Stop, Window};
+pub(in crate::runtime) use call::{Call, Stop, Window, record_cut_off_summariser};
 pub use conversation::{Conversation, Size};
 pub use summarise::PROMPT as SUMMARISER_PROMPT;
 

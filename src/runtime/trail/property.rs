@@ -12,13 +12,15 @@ use serde_json::json;
 
 use super::*;
 use crate::domain::{
-    ErrorClass, FinishReason, PendingKind, PendingToolCall, SessionId, TokenUsage, ToolCall,
+    CompactionTrigger, ErrorClass, FinishReason, PendingKind, PendingToolCall, SessionId,
+    TokenUsage, ToolCall,
 };
 use crate::events::{
-    CacheMetrics, CompactionCircuitOpened, ContextBuilt, DoomLoopDetected, EventFeed,
-    MessageCommitted, ModelRetrying, ModelStarted, ReasoningDelta, RunResumed, RunStarted,
-    TextDelta, ToolCallCompleted, ToolCallDelta, ToolCallStarted, ToolExecutionFinished,
-    ToolExecutionStarted, ToolFailure, ToolSuccess, UsageRecorded,
+    CacheMetrics, CompactionCircuitOpened, ContextBuilt, ContextCompacted,
+    ContextCompactionStarted, DoomLoopDetected, EventFeed, MessageCommitted, ModelRetrying,
+    ModelStarted, ReasoningDelta, RunResumed, RunStarted, TextDelta, ToolCallCompleted,
+    ToolCallDelta, ToolCallStarted, ToolExecutionFinished, ToolExecutionStarted, ToolFailure,
+    ToolSuccess, UsageRecorded,
 };
 use crate::runtime::{EventLog, TraceContext};
 use crate::store::{NewRun, RunChange};
@@ -41,6 +43,13 @@ enum At {
     Opening,
     /// Before model call `iteration`; `abandoned` is the cut-off call a resumed run makes again.
     BeforeCall {
+        iteration: u32,
+        abandoned: Option<u64>,
+        first: bool,
+    },
+    /// Before model call `iteration`, its compaction's summariser called
+    /// (`context_compaction_started`) and not answered yet.
+    Compacting {
         iteration: u32,
         abandoned: Option<u64>,
         first: bool,
@@ -163,6 +172,33 @@ impl Script<'_> {
                     first: true,
                 }
             }
+            At::BeforeCall {
+                iteration,
+                abandoned,
+                first,
+            } if self.one_in(4) => {
+                self.compaction_started(CompactionTrigger::Auto);
+                At::Compacting {
+                    iteration,
+                    abandoned,
+                    first,
+                }
+            }
+            At::Compacting { iteration, .. } => {
+                // Compacted, failed (the breaker opened, or nothing logged), then the call.
+                match self.pick(3) {
+                    0 => self.compacted(CompactionTrigger::Auto),
+                    1 => {
+                        self.emit(EventPayload::CompactionCircuitOpened(
+                            CompactionCircuitOpened {
+                                consecutive_failures: 3,
+                            },
+                        ));
+                    }
+                    _ => {}
+                }
+                self.model_started(iteration)
+            }
             At::BeforeCall { iteration, .. } => {
                 if self.one_in(5) {
                     self.emit(EventPayload::CompactionCircuitOpened(
@@ -171,26 +207,56 @@ impl Script<'_> {
                         },
                     ));
                 }
-                let sequence = self.emit(EventPayload::ModelStarted(ModelStarted {
-                    provider: "p".to_owned(),
-                    model: "m".to_owned(),
-                    iteration,
-                }));
-                At::Streaming(Stream {
-                    iteration,
-                    sequence,
-                    text: String::new(),
-                    output: false,
-                    retried: false,
-                    open: Vec::new(),
-                    calls: Vec::new(),
-                    steps: 0,
-                })
+                self.model_started(iteration)
             }
             At::Streaming(stream) => self.stream(stream),
             At::Committed(work) => self.work(work),
             At::Done => At::Done,
         }
+    }
+
+    fn model_started(&mut self, iteration: u32) -> At {
+        let sequence = self.emit(EventPayload::ModelStarted(ModelStarted {
+            provider: "p".to_owned(),
+            model: "m".to_owned(),
+            iteration,
+        }));
+        At::Streaming(Stream {
+            iteration,
+            sequence,
+            text: String::new(),
+            output: false,
+            retried: false,
+            open: Vec::new(),
+            calls: Vec::new(),
+            steps: 0,
+        })
+    }
+
+    fn compaction_started(&mut self, trigger: CompactionTrigger) {
+        self.emit(EventPayload::ContextCompactionStarted(
+            ContextCompactionStarted {
+                trigger,
+                messages_to_summarise: 6,
+                tokens_before: 5_000,
+                provider: "p".to_owned(),
+                model: "m".to_owned(),
+            },
+        ));
+    }
+
+    fn compacted(&mut self, trigger: CompactionTrigger) {
+        self.emit(EventPayload::ContextCompacted(ContextCompacted {
+            compaction_id: crate::domain::CompactionId::new(),
+            trigger,
+            messages_summarised: 6,
+            through_message_id: MessageId::new(),
+            tokens_before: 5_000,
+            tokens_after: 900,
+            summary: "Summary.".to_owned(),
+            usage: TokenUsage::default(),
+            duration_ms: 10,
+        }));
     }
 
     fn stream(&mut self, mut stream: Stream) -> At {
@@ -207,6 +273,10 @@ impl Script<'_> {
                         error: "too long".to_owned(),
                     }));
                     if self.one_in(2) {
+                        // A reactive compaction that fails ends the run; this one succeeds.
+                        self.compaction_started(CompactionTrigger::Reactive);
+                        self.compacted(CompactionTrigger::Reactive);
+                    } else if self.one_in(2) {
                         self.emit(EventPayload::CompactionCircuitOpened(
                             CompactionCircuitOpened {
                                 consecutive_failures: 3,
@@ -406,6 +476,19 @@ impl Script<'_> {
                     first,
                 }
             }
+            At::Compacting {
+                iteration,
+                abandoned,
+                first,
+            } => {
+                // The summariser's answer was lost with the process: compacted again, maybe.
+                self.resumed(iteration, abandoned);
+                At::BeforeCall {
+                    iteration,
+                    abandoned,
+                    first,
+                }
+            }
             At::Streaming(stream) => {
                 for id in &stream.open {
                     self.complete(id, true);
@@ -467,6 +550,20 @@ impl Script<'_> {
                 }
                 for _ in work.answered..work.calls.len() {
                     self.tool_message();
+                }
+            }
+            At::Compacting { .. } => {
+                // The summariser call this process made is estimated; another process (a
+                // recovery with `recovery = "fail"`) has none in flight.
+                if self.one_in(2) {
+                    self.emit(EventPayload::UsageRecorded(UsageRecorded {
+                        usage: TokenUsage {
+                            input_tokens: 4_000,
+                            total_tokens: 4_000,
+                            estimated: true,
+                            ..TokenUsage::default()
+                        },
+                    }));
                 }
             }
             At::Opening | At::BeforeCall { .. } | At::Done => {}

@@ -539,6 +539,54 @@ fn a_reactive_compaction_comes_after_the_rejected_call_s_retry() {
     assert!(illegal(&log.rejects(retry)).contains("output"));
 }
 
+#[test]
+fn a_compaction_cut_off_is_closed_by_its_estimated_usage_and_resumes_at_its_call() {
+    let started = || {
+        EventPayload::ContextCompactionStarted(crate::events::ContextCompactionStarted {
+            trigger: crate::domain::CompactionTrigger::Auto,
+            messages_to_summarise: 4,
+            tokens_before: 5_000,
+            provider: "p".to_owned(),
+            model: "m".to_owned(),
+        })
+    };
+    // Before the first call: open until the call (a failed compaction logs nothing more).
+    let mut log = Log::opened();
+    log.push(started());
+    assert_eq!(log.fold().open_compaction(), Some(3));
+    log.push(model(1));
+    assert_eq!(log.fold().open_compaction(), None);
+    // Inside a call only after its rejection, as `context_compacted`.
+    assert!(illegal(&log.rejects(started())).contains("rejection"));
+
+    // Cut off by a cancel: the summariser's estimated usage closes it, outside any call.
+    let mut log = Log::opened();
+    log.push(started());
+    let trail = log.then(usage()).unwrap();
+    assert_eq!(trail.open_compaction(), None);
+    assert_eq!(trail.last_call(), None, "no model call was made");
+    // Without an open compaction, a usage outside a call is illegal.
+    let mut closed = Log::opened();
+    closed.push(started());
+    closed.push(usage());
+    assert!(illegal(&closed.rejects(usage())).contains("outside"));
+    log.push(usage());
+    log.push(EventPayload::terminal(&RunEnd::Cancelled, 0));
+    assert!(log.fold().end().is_some());
+
+    // Cut off by a crash: the next process resumes at the first call.
+    let mut log = Log::opened();
+    log.push(started());
+    let plan = resume::plan(&log.fold(), &log.record, Vec::new(), &[]);
+    assert!(matches!(plan.next, Next::ModelCall(1)), "{plan:?}");
+    assert_eq!(plan.abandoned_after, None);
+    log.push(resumed(1, None));
+    assert_eq!(log.fold().open_compaction(), None);
+    log.push(started());
+    log.push(model(1));
+    log.fold();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Impossible sequences
 

@@ -78,6 +78,8 @@ export function describe(event: AgentEvent): string {
         .join(', ')} until ${event.expires_at}`;
     case 'context_compacted':
       return `context compacted (${event.trigger}): ${event.messages_summarised} messages, ${event.tokens_before} → ${event.tokens_after} tokens`;
+    case 'context_compaction_started':
+      return `compacting (${event.trigger}): ${event.messages_to_summarise} messages, ${event.tokens_before} tokens, with ${event.model}`;
     default:
       return unreachable(event);
   }
@@ -108,6 +110,7 @@ function terminal(status: RunStatus): boolean {
     case 'pending':
     case 'session_loaded':
     case 'building_context':
+    case 'compacting':
     case 'calling_model':
     case 'waiting_for_tools':
     case 'requires_action':
