@@ -1,0 +1,93 @@
+//! Sessions that web clients name by ids they generate themselves (a `useChat` chat id, an
+//! AG-UI `threadId`): found by the session's `external_id`, created on first use, and the run
+//! of such a session that is in progress.
+
+use chrono::Utc;
+
+use super::{CreateRunError, Runtime};
+use crate::domain::{
+    RunRecord, RunStatus, Session, SessionDefaults, SessionId,
+};
+use crate::store::{RunFilter, StoreError};
+
+impl Runtime {
+    /// The session a client names `id`: the session with that id when `id` is one of behest's
+    /// session ids (a client may create a session first and pass its id), else the session
+    /// whose `external_id` is `id`, else a new session with `external_id = id` (two requests
+    /// racing to create it get the same one).
+    ///
+    /// # Errors
+    /// [`CreateRunError::InvalidField`] (`field`) when `id` is not a valid external id (see
+    /// [`crate::domain::is_external_id`]); the store's.
+    pub async fn client_session(
+        &self,
+        field: &'static str,
+        id: &str,
+    ) -> Result<Session, CreateRunError> {
+        if let Ok(own) = id.parse::<SessionId>()
+            && let Some(session) = self.store.get_session(own).await.map_err(CreateRunError::Store)?
+        {
+            return Ok(session);
+        }
+        if !crate::domain::is_external_id(id) {
+            return Err(CreateRunError::InvalidField {
+                field,
+                reason: crate::domain::EXTERNAL_ID_RULE.to_owned(),
+            });
+        }
+        if let Some(session) = self
+            .store
+            .session_by_external_id(id)
+            .await
+            .map_err(CreateRunError::Store)?
+        {
+            return Ok(session);
+        }
+        let now = Utc::now();
+        let session = Session {
+            id: SessionId::new(),
+            created_at: now,
+            updated_at: now,
+            title: None,
+            metadata: serde_json::json!({}),
+            defaults: SessionDefaults::default(),
+            external_id: Some(id.to_owned()),
+        };
+        match self.store.create_session(&session).await {
+            Ok(created) => Ok(created),
+            Err(StoreError::ExternalIdTaken(_)) => self
+                .store
+                .session_by_external_id(id)
+                .await
+                .map_err(CreateRunError::Store)?
+                .ok_or_else(|| {
+                    CreateRunError::Store(StoreError::Corrupt(format!(
+                        "session with external_id `{id}` vanished while it was created"
+                    )))
+                }),
+            Err(other) => Err(CreateRunError::Store(other)),
+        }
+    }
+
+    /// The session's latest run (a session runs one at a time, so the only one that can be
+    /// active), if any.
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn latest_run(&self, session: SessionId) -> Result<Option<RunRecord>, StoreError> {
+        let filter = RunFilter {
+            session_id: Some(session),
+            status: None,
+            before: None,
+            limit: 1,
+        };
+        Ok(self.store.list_runs(&filter).await?.into_iter().next())
+    }
+}
+
+/// Whether a run is in progress: not ended, and not paused for the client in
+/// `requires_action` (a paused run continues on the client's next request).
+#[must_use]
+pub fn in_progress(run: &RunRecord) -> bool {
+    !run.status.is_terminal() && run.status != RunStatus::RequiresAction
+}
