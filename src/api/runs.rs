@@ -25,7 +25,7 @@ fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
     raw.parse().map_err(|_| ApiError::run_not_found(raw))
 }
 
-async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
+pub(super) async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
     let run_id = parse_run_id(raw)?;
     state
         .runtime
@@ -37,7 +37,7 @@ async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
 
 /// Starts the run a create request describes; the `Idempotency-Key` header stands in for a
 /// missing `client_request_id`.
-async fn start_run(
+pub(super) async fn start_run(
     state: &AppState,
     caller: Caller,
     headers: &HeaderMap,

@@ -5,9 +5,8 @@
 use chrono::Utc;
 
 use super::{CreateRunError, Runtime};
-use crate::domain::{
-    RunRecord, RunStatus, Session, SessionDefaults, SessionId,
-};
+use crate::domain::{RunId, RunRecord, RunStatus, Session, SessionDefaults, SessionId};
+use crate::events::{AgentEvent, EventPayload};
 use crate::store::{RunFilter, StoreError};
 
 impl Runtime {
@@ -82,6 +81,44 @@ impl Runtime {
             limit: 1,
         };
         Ok(self.store.list_runs(&filter).await?.into_iter().next())
+    }
+}
+
+impl Runtime {
+    /// The sequence of run `run_id`'s latest `tool_calls_required` event that waited for one of
+    /// `call_ids` (provider call ids): the pause a client's answers were for, after which the
+    /// run's continuation begins. `None` when no pause of the run waited for them.
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn pause_answered(
+        &self,
+        run_id: RunId,
+        call_ids: &[&str],
+    ) -> Result<Option<u64>, StoreError> {
+        const PAGE: u32 = 1000;
+        let mut after = 0;
+        let mut found = None;
+        loop {
+            let page = self.store.read_events(run_id, after, PAGE).await?;
+            let Some(last) = page.last() else {
+                return Ok(found);
+            };
+            after = last.sequence;
+            for logged in page.iter().filter(|e| e.event_type == "tool_calls_required") {
+                let Ok(event) = serde_json::from_str::<AgentEvent>(&logged.data) else {
+                    continue;
+                };
+                if let EventPayload::ToolCallsRequired(action) = event.payload
+                    && action
+                        .tool_calls
+                        .iter()
+                        .any(|call| call_ids.contains(&call.call_id.as_str()))
+                {
+                    found = Some(logged.sequence);
+                }
+            }
+        }
     }
 }
 
