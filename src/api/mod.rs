@@ -2,13 +2,16 @@
 //! route goes through utoipa-axum's `OpenApiRouter`, so the spec cannot forget one.
 
 mod actions;
+mod ag_ui;
 mod agents;
 pub mod auth;
+mod chat;
 mod compaction;
 pub mod connections;
 mod docs;
 mod error;
 mod extract;
+pub mod formats;
 pub mod limits;
 mod metrics;
 mod page;
@@ -148,6 +151,8 @@ impl std::ops::Deref for AppState {
                                          tools and limits a run can start from."),
         (name = "tools", description = "The tools runs may call."),
         (name = "providers", description = "The model providers runs may use."),
+        (name = "frontends", description = "Web frontends without an adapter: the AI SDK's `useChat` \
+                                            (`/chat`) and AG-UI's `HttpAgent` (`/ag-ui`)."),
         (name = "system", description = "Health, readiness and metrics.")
     )
 )]
@@ -185,6 +190,10 @@ fn protected_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(tools::list_tools))
         .routes(routes!(providers::list_providers))
         .routes(routes!(metrics::get_metrics))
+        .routes(routes!(chat::send_chat_message))
+        .routes(routes!(chat::resume_chat_stream))
+        .routes(routes!(chat::stop_chat))
+        .routes(routes!(ag_ui::run_ag_ui_agent))
 }
 
 /// The routes a load balancer probes: never behind a key ([`auth::PUBLIC_ROUTES`]).

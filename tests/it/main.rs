@@ -22,6 +22,8 @@ mod api;
 #[cfg(test)]
 mod bench_smoke;
 #[cfg(test)]
+mod chat;
+#[cfg(test)]
 mod clients;
 #[cfg(test)]
 mod compaction;
