@@ -24,7 +24,11 @@ impl Runtime {
         id: &str,
     ) -> Result<Session, CreateRunError> {
         if let Ok(own) = id.parse::<SessionId>()
-            && let Some(session) = self.store.get_session(own).await.map_err(CreateRunError::Store)?
+            && let Some(session) = self
+                .store
+                .get_session(own)
+                .await
+                .map_err(CreateRunError::Store)?
         {
             return Ok(session);
         }
@@ -105,7 +109,10 @@ impl Runtime {
                 return Ok(found);
             };
             after = last.sequence;
-            for logged in page.iter().filter(|e| e.event_type == "tool_calls_required") {
+            for logged in page
+                .iter()
+                .filter(|e| e.event_type == "tool_calls_required")
+            {
                 let Ok(event) = serde_json::from_str::<AgentEvent>(&logged.data) else {
                     continue;
                 };

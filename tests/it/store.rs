@@ -870,7 +870,10 @@ async fn sessions_pages_and_defaults(backend: Backend) {
     // The client's id finds the session; another session may not take it; sessions without
     // one do not collide.
     assert_eq!(
-        store.session_by_external_id("Xk3_q9-ZpLmN0aBc").await.unwrap(),
+        store
+            .session_by_external_id("Xk3_q9-ZpLmN0aBc")
+            .await
+            .unwrap(),
         Some(created)
     );
     assert_eq!(store.session_by_external_id("other").await.unwrap(), None);

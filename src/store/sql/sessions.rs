@@ -12,7 +12,8 @@ use crate::store::{
     SqliteStore, StoreError, StoreResult,
 };
 
-pub(super) const SESSION_COLUMNS: &str = "id, created_at, updated_at, title, metadata, defaults, external_id";
+pub(super) const SESSION_COLUMNS: &str =
+    "id, created_at, updated_at, title, metadata, defaults, external_id";
 
 pub(super) const MESSAGE_COLUMNS: &str = "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at, \
      reasoning, status";
