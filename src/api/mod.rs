@@ -9,6 +9,7 @@ pub mod connections;
 mod docs;
 mod error;
 mod extract;
+pub mod formats;
 pub mod limits;
 mod metrics;
 mod page;
