@@ -40,7 +40,7 @@ pub use cursor::Cursor;
 use super::auth::Caller;
 use super::limits::WatcherPermit;
 use super::{ApiError, AppState, sse};
-use crate::domain::{PendingKind, RunId, RunRecord, RunStatus, RunTool};
+use crate::domain::{PendingKind, RunId, RunRecord, RunTool};
 use crate::events::{AgentEvent, EventPayload};
 use crate::tools::ToolRegistry;
 
@@ -355,7 +355,8 @@ fn sse_frame<F: Serialize>(id: Option<&str>, frame: &F) -> Bytes {
 
 /// A whole watch of run `record` in `format` (not `Behest`): 410 when retention removed its
 /// events, 503 while the server drains, 204 when the cursor is at or past the end of a
-/// finished run or at the pause of a run waiting in `requires_action`, else the stream.
+/// finished run, else the stream (at the pause of a run in `requires_action` it waits for the
+/// next segment).
 pub async fn respond(
     state: &AppState,
     caller: Caller,
@@ -375,9 +376,10 @@ pub async fn respond(
     if state.runtime.is_stopping() {
         return Err(ApiError::shutting_down());
     }
+    // A cursor at a pause is not an end: the stream waits for the next segment (an answer
+    // posted just before may not have resumed the run yet).
     if let Some(cursor) = after {
-        let waiting = record.status == RunStatus::RequiresAction;
-        if record.status.is_terminal() || waiting {
+        if record.status.is_terminal() {
             let last = state.runtime.store().last_sequence(record.id).await?;
             let past =
                 cursor.sequence > last || (cursor.sequence == last && cursor.frame.is_none());
