@@ -40,6 +40,8 @@ mod events;
 #[cfg(test)]
 mod first_hour;
 #[cfg(test)]
+mod frontends;
+#[cfg(test)]
 mod input;
 #[cfg(test)]
 mod local_models;
