@@ -647,3 +647,64 @@ on_both_backends!(
     chat_resume_and_stop,
     ag_ui_runs_and_answers,
 );
+
+/// Issue 25 item 6 (the request side): `tests/frontends/chat.mjs` drives `POST /chat` with the
+/// real `ai` 6 and `ai` 7 `AbstractChat` + `DefaultChatTransport` (both dialects: a text run,
+/// a client tool through `onToolCall` + `addToolOutput` + `sendAutomaticallyWhen`, an approval
+/// through `addToolApprovalResponse`, a cut then `resumeStream()`, `stop()` with
+/// `POST /chat/{id}/stop`) and `POST /ag-ui` with the README's `HttpAgent` subclass (a client
+/// tool, a `resume[]` approval, a cut then `connectAgent()`); each final message equals
+/// `GET /runs/{id}/output`. Skipped unless `tests/frontends/node_modules` exists or
+/// `BEHEST_TEST_REQUIRE_FRONTENDS=1` (then it fails when it cannot run).
+#[tokio::test]
+async fn the_real_chat_and_agent_clients_drive_chat_and_ag_ui() {
+    let package = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/frontends"));
+    if !package.join("node_modules").exists() {
+        assert!(
+            std::env::var("BEHEST_TEST_REQUIRE_FRONTENDS").is_err(),
+            "BEHEST_TEST_REQUIRE_FRONTENDS is set but tests/frontends/node_modules is missing \
+             (npm ci in tests/frontends)"
+        );
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "SKIPPED chat frontends: tests/frontends/node_modules is missing (npm ci in tests/frontends)"
+        );
+        return;
+    }
+    // The demo model's default pace (30 ms a token), so that a cut or a stop lands mid-run.
+    let server = crate::support::demo::DemoServer::start().await;
+    let run = tokio::process::Command::new("node")
+        .arg("chat.mjs")
+        .arg(&server.url)
+        .current_dir(package)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(600), run)
+        .await
+        .expect("node chat.mjs finishes within 10 minutes")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "node chat.mjs failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for dialect in ["ai-sdk (ai 6)", "ai-sdk (ai 7)", "ai-sdk-v7 (ai 7)"] {
+        for case in ["text", "client_tool", "approval", "cut_resume", "stop"] {
+            assert!(
+                stdout.contains(&format!("ok {case} {dialect}\n")),
+                "{case} {dialect} missing from:\n{stdout}"
+            );
+        }
+    }
+    for case in ["client_tool", "approval", "cut_reattach"] {
+        assert!(
+            stdout.contains(&format!("ok {case} ag-ui\n")),
+            "{case} ag-ui missing from:\n{stdout}"
+        );
+    }
+}
