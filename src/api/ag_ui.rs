@@ -37,19 +37,23 @@ pub struct RunAgentInput {
     /// The thread: one of behest's session ids, or an id the client generated (`HttpAgent`'s
     /// default is a uuid v4; 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`), kept as the
     /// session's `external_id`; the session is created on first use.
-    #[schema(max_length = 255)]
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^[A-Za-z0-9_.:~-]{1,255}$"
+    )]
     pub thread_id: String,
     /// The client's run id: stored as the run's `client_request_id` `ag-ui:<runId>` (so at
     /// most 249 visible ASCII characters) and sent back as `runId` in the events. The same
     /// input posted again attaches to the same run (a different one with this `runId`: 409
     /// `idempotency_key_reused`).
-    #[schema(max_length = 249)]
+    #[schema(min_length = 1, max_length = 249, pattern = "^[!-~]{1,249}$")]
     pub run_id: String,
     /// The thread as the client holds it; behest reads only the end of it. A last `user`
     /// message (`content` a string, or parts whose `text` parts are joined by newlines) starts
-    /// a run. Otherwise the thread's run waiting in `requires_action` is answered: `tool`
-    /// messages (`toolCallId`, `content` kept as a string, or `error`) answer its client
-    /// tool calls.
+    /// a run (unless `resume` is given). Otherwise the thread's run waiting in
+    /// `requires_action` is answered: `tool` messages (`toolCallId`, `content` kept as a
+    /// string, or `error`) answer its client tool calls.
     #[serde(default)]
     #[schema(value_type = Vec<Object>)]
     pub messages: Vec<Value>,

@@ -8,7 +8,7 @@
 //! run id, and tool call ids are namespaced (`<run_id>:<iteration>:<call_id>`, see
 //! [`formats::split_tool_call_id`]); the answers a client posts come back under those ids.
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -66,7 +66,11 @@ pub struct ChatRequest {
     /// The chat: one of behest's session ids, or an id the client generated (a `useChat` id,
     /// 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`), kept as the session's `external_id`;
     /// the session is created on first use.
-    #[schema(max_length = 255)]
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^[A-Za-z0-9_.:~-]{1,255}$"
+    )]
     pub id: String,
     /// The chat's UI messages as the client holds them. Only the last one is read: a `user`
     /// message (its `text` parts, joined by newlines, are the new run's input), or the
@@ -80,6 +84,7 @@ pub struct ChatRequest {
     /// `submit-message` (default) or `regenerate-message` (refused: 409
     /// `regenerate_unsupported`).
     #[serde(default)]
+    #[schema(pattern = "^(submit-message|regenerate-message)$")]
     pub trigger: Option<String>,
     /// The assistant message continued after tool outputs (the run id), or the one to
     /// regenerate.
@@ -358,9 +363,11 @@ pub async fn send_chat_message(
     caller: Caller,
     headers: HeaderMap,
     Query(query): Query<ChatQuery>,
-    Json(body): Json<ChatRequest>,
+    request: Request,
 ) -> Result<Response, ApiError> {
+    // The format is checked before the body is read: a bad `?format=` is 400 whatever the body.
     let format = query.format()?;
+    let Json(body) = Json::<ChatRequest>::from_request(request, &state).await?;
     if body.trigger.as_deref() == Some("regenerate-message") {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
