@@ -468,11 +468,12 @@ where
             }
             let item = tokio::select! {
                 biased;
-                () = self.shutdown.cancelled() => {
-                    self.done = true;
-                    return Some(Err(Abort::Shutdown));
-                }
-                item = self.events.next() => item,
+                () = self.shutdown.cancelled() => None::<Option<_>>,
+                item = self.events.next() => Some(item),
+            };
+            let Some(item) = item else {
+                self.done = true;
+                return Some(Err(Abort::Shutdown));
             };
             let abort = match item {
                 Some(Ok(frame)) => match serde_json::from_str::<AgentEvent>(&frame.data) {
@@ -495,7 +496,9 @@ where
                 }
                 None => Abort::Cut,
             };
-            tracing::warn!(run_id = %self.run_id, error = %abort, "projected event stream aborted");
+            if !matches!(abort, Abort::Shutdown) {
+                tracing::warn!(run_id = %self.run_id, error = %abort, "projected event stream aborted");
+            }
             self.done = true;
             return Some(Err(abort));
         }
