@@ -278,6 +278,17 @@ for (const [name, run] of Object.entries(runs)) {
     const { message, cuts } = await aiSdk(lib, format, live.runId, live.segments);
     same(`${name} ${format} message id`, message.id, live.runId);
     same(`${name} ${format} message`, fromUi(message), expected(live.output));
+    if (live.segments.length === 1) {
+      // The README's snippet, as written (but for the base URL and the format).
+      const transport = new lib.DefaultChatTransport({
+        api: `${base}/runs`,
+        prepareReconnectToStreamRequest: ({ id }) => ({ api: `${base}/runs/${id}/events?format=${format}` }),
+      });
+      const stream = await transport.reconnectToStream({ chatId: live.runId });
+      let last;
+      for await (const m of lib.readUIMessageStream({ stream })) last = m;
+      same(`${name} ${format} README snippet`, fromUi(last), expected(live.output));
+    }
     report.push(`${name} ${format} (ai ${lib === ai6 ? 6 : 7}): ${live.segments.length} segment(s), ${cuts} cuts`);
   }
   const live = await liveRun(run.body, "ag-ui", run.answer ?? (async () => {}));

@@ -306,14 +306,15 @@ impl<P: Projection> Renderer<P> {
         let seen = self
             .after
             .map_or(0, |cursor| cursor.seen(event.sequence, count));
-        if let Some(cursor) = self.after {
-            if event.sequence >= cursor.sequence && self.prelude.is_none() {
-                self.prelude = Some(match &before {
-                    Some(before) if seen < count => before.prelude(&frames[..seen]),
-                    _ if seen < count => Vec::new(),
-                    _ => self.projection.prelude(&[]),
-                });
-            }
+        if let Some(cursor) = self.after
+            && event.sequence >= cursor.sequence
+            && self.prelude.is_none()
+        {
+            self.prelude = Some(match &before {
+                Some(before) if seen < count => before.prelude(&frames[..seen]),
+                _ if seen < count => Vec::new(),
+                _ => self.projection.prelude(&[]),
+            });
         }
         let mut rendered = Rendered::default();
         if seen == count {
@@ -378,14 +379,13 @@ pub async fn respond(
     }
     // A cursor at a pause is not an end: the stream waits for the next segment (an answer
     // posted just before may not have resumed the run yet).
-    if let Some(cursor) = after {
-        if record.status.is_terminal() {
-            let last = state.runtime.store().last_sequence(record.id).await?;
-            let past =
-                cursor.sequence > last || (cursor.sequence == last && cursor.frame.is_none());
-            if past {
-                return Ok(StatusCode::NO_CONTENT.into_response());
-            }
+    if let Some(cursor) = after
+        && record.status.is_terminal()
+    {
+        let last = state.runtime.store().last_sequence(record.id).await?;
+        let past = cursor.sequence > last || (cursor.sequence == last && cursor.frame.is_none());
+        if past {
+            return Ok(StatusCode::NO_CONTENT.into_response());
         }
     }
     let permit = state.limits.open_watcher(caller)?;
@@ -468,11 +468,12 @@ where
             }
             let item = tokio::select! {
                 biased;
-                () = self.shutdown.cancelled() => {
-                    self.done = true;
-                    return Some(Err(Abort::Shutdown));
-                }
-                item = self.events.next() => item,
+                () = self.shutdown.cancelled() => None::<Option<_>>,
+                item = self.events.next() => Some(item),
+            };
+            let Some(item) = item else {
+                self.done = true;
+                return Some(Err(Abort::Shutdown));
             };
             let abort = match item {
                 Some(Ok(frame)) => match serde_json::from_str::<AgentEvent>(&frame.data) {
@@ -495,7 +496,9 @@ where
                 }
                 None => Abort::Cut,
             };
-            tracing::warn!(run_id = %self.run_id, error = %abort, "projected event stream aborted");
+            if !matches!(abort, Abort::Shutdown) {
+                tracing::warn!(run_id = %self.run_id, error = %abort, "projected event stream aborted");
+            }
             self.done = true;
             return Some(Err(abort));
         }

@@ -240,9 +240,9 @@ fn render<P: Projection>(
     let mut out = Vec::new();
     for event in &log.events {
         let rendered = renderer.render(event);
-        out.extend(rendered.frames.iter().map(|bytes| parse(bytes)));
+        out.extend(rendered.frames.iter().map(parse));
         if rendered.end {
-            out.extend(renderer.done().iter().map(|bytes| parse(bytes)));
+            out.extend(renderer.done().iter().map(parse));
             break;
         }
     }
