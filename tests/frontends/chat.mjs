@@ -232,14 +232,24 @@ async function aiSdkCases(name, lib, format) {
   // stop(): the client disconnects and POST /chat/{id}/stop cancels the run.
   {
     const errors = [];
-    const chat = newChat(lib, format, { errors });
+    const runs = [];
+    const recording = async (url, init) => {
+      const response = await fetch(url, init);
+      runs.push(response.headers.get("x-run-id"));
+      return response;
+    };
+    const chat = newChat(lib, format, { errors, fetch: recording });
     const sent = chat.sendMessage({ text: "count to 400" });
-    await until(`${name} stop: text`, () => chat.messages.at(-1)?.parts?.some((p) => p.type === "text" && p.text.length > 0));
+    await until(`${name} stop: text`, () => {
+      const last = chat.messages.at(-1);
+      return last?.role === "assistant" && last.parts.some((p) => p.type === "text" && p.text.length > 0);
+    });
     const runId = chat.messages.at(-1).id;
+    same(`${name} stop: the message is the run's (${JSON.stringify(chat.messages)})`, runId, runs.at(-1));
     await chat.stop();
     await sent.catch(() => {});
     const stopped = await api("POST", `/chat/${encodeURIComponent(chat.id)}/stop`);
-    same(`${name} stop: status`, stopped.status, 202);
+    same(`${name} stop: status (${JSON.stringify(stopped.body)})`, stopped.status, 202);
     same(`${name} stop: run`, stopped.body.id, runId);
     await until(`${name} stop: cancelled`, async () => (await api("GET", `/runs/${runId}`)).body.status === "cancelled");
     const run = await output(runId);
