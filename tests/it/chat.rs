@@ -507,9 +507,11 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
     let first = post(
         &server,
         "/ag-ui",
-        &json!({"threadId": thread_id, "runId": run_id, "state": {}, "context": [],
+        &json!({"threadId": thread_id, "runId": run_id, "state": {"ignored": true},
+                "context": [{"description": "The user's city", "value": "Lyon"}],
                 "messages": [thread_message("call get_location")], "tools": tools,
-                "forwardedProps": {"provider": "demo", "model": "demo"}}),
+                "forwardedProps": {"provider": "demo", "model": "demo",
+                                   "instructions": "Answer briefly."}}),
     )
     .await;
     assert_eq!(first.status, 200, "{}", first.problem);
@@ -524,6 +526,17 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
     let record = server.get_json(&format!("/runs/{behest_run}")).await;
     assert_eq!(record["status"], "requires_action");
     assert_eq!(record["client_request_id"], format!("ag-ui:{run_id}"));
+    assert_eq!(
+        record["instructions"],
+        "Answer briefly.\n\nContext:\n- The user's city: Lyon"
+    );
+    let client_tools: Vec<&str> = record["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert_eq!(client_tools, ["get_location"], "{}", record["tools"]);
     let session = server
         .get_json(&format!(
             "/sessions/{}",
