@@ -16,11 +16,11 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use super::auth::Caller;
-use super::chat::{ClientAnswers, answer_pause, run_fields};
+use super::chat::{ClientAnswers, answer_pause, forget_new_session, run_fields};
 use super::extract::Json;
 use super::formats::{self, AG_UI_RUN_PREFIX, Format};
 use super::{ApiError, AppState, Problem, runs};
-use crate::domain::{ActionAnswer, RunTool, ToolDefinition};
+use crate::domain::{ActionAnswer, RunTool, Session, ToolDefinition};
 
 /// Body of `POST /ag-ui`: AG-UI's `RunAgentInput` (what `HttpAgent.runAgent()` sends).
 /// Unknown keys are ignored.
@@ -251,10 +251,36 @@ pub async fn run_ag_ui_agent(
         .map(|message| serde_json::from_value(message.clone()))
         .collect::<Result<_, _>>()
         .map_err(|error| invalid("messages", format!("not an AG-UI message: {error}")))?;
-    let session = state
+    let (session, new) = state
         .runtime
         .client_session("threadId", &input.thread_id)
         .await?;
+    let answered = agent_answer(
+        &state,
+        caller,
+        &headers,
+        input,
+        &messages,
+        client_request_id,
+        &session,
+    )
+    .await;
+    if answered.is_err() && new {
+        forget_new_session(&state, &session).await;
+    }
+    answered
+}
+
+/// What `POST /ag-ui` answers once the thread's session is known.
+async fn agent_answer(
+    state: &AppState,
+    caller: Caller,
+    headers: &HeaderMap,
+    input: RunAgentInput,
+    messages: &[AgUiMessage],
+    client_request_id: String,
+    session: &Session,
+) -> Result<Response, ApiError> {
     // A last user message starts a run; anything else (a tool message, the assistant message
     // of the pause, `resume[]`) answers the thread's paused run.
     let starts_run = input.resume.is_empty()
@@ -262,7 +288,7 @@ pub async fn run_ag_ui_agent(
             .last()
             .is_some_and(|message| message.role == "user");
     if !starts_run {
-        let given = input_answers(&messages, &input.resume);
+        let given = input_answers(messages, &input.resume);
         let run = state.runtime.latest_run(session.id).await?;
         let Some(run) = run.filter(|_| !given.answers.is_empty()) else {
             return Err(invalid(
@@ -271,10 +297,10 @@ pub async fn run_ag_ui_agent(
                  of the thread that waits for tool outputs or approvals",
             ));
         };
-        let after = answer_pause(&state, &run, &given, "messages").await?;
+        let after = answer_pause(state, &run, &given, "messages").await?;
         let permit = state.limits.open_watcher(caller)?;
-        let run = runs::load_run(&state, &run.id.to_string()).await?;
-        let mut response = formats::stream(&state, &run, Format::AgUi, Some(after), permit);
+        let run = runs::load_run(state, &run.id.to_string()).await?;
+        let mut response = formats::stream(state, &run, Format::AgUi, Some(after), permit);
         run_id_header(&mut response, &run.id.to_string());
         return Ok(response);
     }
@@ -334,8 +360,8 @@ pub async fn run_ag_ui_agent(
         fields.instructions = Some(text);
     }
     let permit = state.limits.open_watcher(caller)?;
-    let created = runs::start_run(&state, caller, &headers, fields).await?;
-    let mut response = formats::stream(&state, &created.record, Format::AgUi, None, permit);
+    let created = runs::start_run(state, caller, headers, fields).await?;
+    let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit);
     run_id_header(&mut response, &created.record.id.to_string());
     Ok(response)
 }

@@ -400,50 +400,67 @@ pub async fn send_chat_message(
             format!("the last message is not a UI message: {error}"),
         )
     })?;
-    let session = state
+    let (session, new) = state
         .runtime
         .client_session("id", &body.id)
         .await
         .map_err(ApiError::from)?;
-    match last.role.as_str() {
-        "user" => {
-            let text = last
-                .parts
-                .iter()
-                .filter(|part| part.kind == "text")
-                .filter_map(|part| part.text.as_deref())
-                .collect::<Vec<_>>()
-                .join("\n");
-            fields.session_id = Some(session.id.to_string());
-            fields.input = Some(text);
-            let permit = state.limits.open_watcher(caller)?;
-            let created = runs::start_run(&state, caller, &headers, fields).await?;
-            let mut response = formats::stream(&state, &created.record, format, None, permit);
-            run_id_headers(&mut response, created.record.id);
-            Ok(response)
-        }
-        "assistant" => {
-            let raw = if last.id.is_empty() {
-                body.message_id.clone().unwrap_or_default()
-            } else {
-                last.id.clone()
-            };
-            let run = chat_run(&state, &session, &raw).await?;
-            let given = part_answers(&last.parts);
-            let after = answer_pause(&state, &run, &given, "messages").await?;
-            let permit = state.limits.open_watcher(caller)?;
-            let run = runs::load_run(&state, &run.id.to_string()).await?;
-            let mut response = formats::stream(&state, &run, format, Some(after), permit);
-            run_id_headers(&mut response, run.id);
-            Ok(response)
-        }
-        other => Err(invalid(
-            "messages",
-            format!(
-                "the last message is a `{other}` message: send a user message, or the \
+    let answered = async {
+        match last.role.as_str() {
+            "user" => {
+                let text = last
+                    .parts
+                    .iter()
+                    .filter(|part| part.kind == "text")
+                    .filter_map(|part| part.text.as_deref())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                fields.session_id = Some(session.id.to_string());
+                fields.input = Some(text);
+                let permit = state.limits.open_watcher(caller)?;
+                let created = runs::start_run(&state, caller, &headers, fields).await?;
+                let mut response = formats::stream(&state, &created.record, format, None, permit);
+                run_id_headers(&mut response, created.record.id);
+                Ok(response)
+            }
+            "assistant" => {
+                let raw = if last.id.is_empty() {
+                    body.message_id.clone().unwrap_or_default()
+                } else {
+                    last.id.clone()
+                };
+                let run = chat_run(&state, &session, &raw).await?;
+                let given = part_answers(&last.parts);
+                let after = answer_pause(&state, &run, &given, "messages").await?;
+                let permit = state.limits.open_watcher(caller)?;
+                let run = runs::load_run(&state, &run.id.to_string()).await?;
+                let mut response = formats::stream(&state, &run, format, Some(after), permit);
+                run_id_headers(&mut response, run.id);
+                Ok(response)
+            }
+            other => Err(invalid(
+                "messages",
+                format!(
+                    "the last message is a `{other}` message: send a user message, or the \
                  assistant message of a run waiting for tool outputs or approvals"
-            ),
-        )),
+                ),
+            )),
+        }
+    }
+    .await;
+    if answered.is_err() && new {
+        forget_new_session(&state, &session).await;
+    }
+    answered
+}
+
+/// Deletes a session this request created for a client's id when the request then failed
+/// before a run was stored in it: a refused first message leaves no record behind.
+pub(super) async fn forget_new_session(state: &AppState, session: &Session) {
+    if let Ok(None) = state.runtime.latest_run(session.id).await
+        && let Err(error) = state.runtime.store().delete_session(session.id).await
+    {
+        tracing::warn!(session_id = %session.id, %error, "a session made for a refused request was not deleted");
     }
 }
 

@@ -13,7 +13,7 @@ impl Runtime {
     /// The session a client names `id`: the session with that id when `id` is one of behest's
     /// session ids (a client may create a session first and pass its id), else the session
     /// whose `external_id` is `id`, else a new session with `external_id = id` (two requests
-    /// racing to create it get the same one).
+    /// racing to create it get the same one). The flag is true when this call created it.
     ///
     /// # Errors
     /// [`CreateRunError::InvalidField`] (`field`) when `id` is not a valid external id (see
@@ -22,7 +22,7 @@ impl Runtime {
         &self,
         field: &'static str,
         id: &str,
-    ) -> Result<Session, CreateRunError> {
+    ) -> Result<(Session, bool), CreateRunError> {
         if let Ok(own) = id.parse::<SessionId>()
             && let Some(session) = self
                 .store
@@ -30,7 +30,7 @@ impl Runtime {
                 .await
                 .map_err(CreateRunError::Store)?
         {
-            return Ok(session);
+            return Ok((session, false));
         }
         if !crate::domain::is_external_id(id) {
             return Err(CreateRunError::InvalidField {
@@ -44,7 +44,7 @@ impl Runtime {
             .await
             .map_err(CreateRunError::Store)?
         {
-            return Ok(session);
+            return Ok((session, false));
         }
         let now = Utc::now();
         let session = Session {
@@ -57,12 +57,13 @@ impl Runtime {
             external_id: Some(id.to_owned()),
         };
         match self.store.create_session(&session).await {
-            Ok(created) => Ok(created),
+            Ok(created) => Ok((created, true)),
             Err(StoreError::ExternalIdTaken(_)) => self
                 .store
                 .session_by_external_id(id)
                 .await
                 .map_err(CreateRunError::Store)?
+                .map(|session| (session, false))
                 .ok_or_else(|| {
                     CreateRunError::Store(StoreError::Corrupt(format!(
                         "session with external_id `{id}` vanished while it was created"

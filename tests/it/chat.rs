@@ -252,6 +252,20 @@ async fn chat_keeps_the_client_id(backend: Backend) {
             Some("application/problem+json")
         );
     }
+    // A refused first message of a new chat leaves no session behind.
+    let refused = post(
+        &server,
+        "/chat",
+        &json!({"id": "freshChat0000001", "messages": [user("x")], "provider": "nope"}),
+    )
+    .await;
+    assert_eq!(refused.status, 422, "{}", refused.problem);
+    let (status, problem) = server.post_empty("/chat/freshChat0000001/stop").await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (404, Some("session_not_found")),
+        "no session was kept for the refused chat"
+    );
     let format = post(
         &server,
         "/chat?format=ag-ui",
@@ -644,12 +658,20 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
             "invalid_field",
             "input",
         ),
+        (
+            json!({"threadId": "fresh-thread-1", "runId": "r3", "messages": [thread_message("x")],
+                   "forwardedProps": {"provider": "demo", "model": "demo", "temperature": 9}}),
+            "invalid_field",
+            "temperature",
+        ),
     ] {
         let answer = post(&server, "/ag-ui", &body).await;
         assert_eq!(answer.status, 422, "{body}: {}", answer.problem);
         assert_eq!(answer.problem["code"], code, "{body}");
         assert_eq!(answer.problem["field"], field, "{body}");
     }
+    let (status, _) = server.post_empty("/chat/fresh-thread-1/stop").await;
+    assert_eq!(status, 404, "no session was kept for the refused thread");
     db.cleanup().await;
 }
 
