@@ -564,3 +564,78 @@ pub async fn stop_chat(
         _ => Ok(StatusCode::NO_CONTENT.into_response()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{ActionAnswer, UiPart, part_answers};
+    use crate::domain::RunId;
+
+    fn parts(value: serde_json::Value) -> Vec<UiPart> {
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// Only answered tool parts count; a namespaced id answers its own run's call only, the
+    /// latest part for a call wins, and a plain id (a client that kept behest's) is accepted.
+    #[test]
+    fn tool_parts_become_answers_by_namespaced_call_id() {
+        let run = RunId::new();
+        let other = RunId::new();
+        let answers = part_answers(&parts(json!([
+            {"type": "step-start"},
+            {"type": "text", "text": "hi"},
+            {"type": "tool-get_location", "toolCallId": format!("{run}:1:call_1"),
+             "state": "output-available", "input": {}, "output": {"city": "Lyon"}},
+            {"type": "tool-get_location", "toolCallId": format!("{run}:2:call_1"),
+             "state": "output-available", "input": {}, "output": null},
+            {"type": "tool-get_weather", "toolCallId": format!("{other}:1:call_2"),
+             "state": "output-error", "input": {}, "errorText": "down"},
+            {"type": "tool-current_time", "toolCallId": "call_3", "state": "approval-responded",
+             "input": {}, "approval": {"id": "call_3", "approved": false, "reason": "no"}},
+            {"type": "tool-current_time", "toolCallId": format!("{run}:2:call_4"),
+             "state": "input-available", "input": {}},
+            {"type": "dynamic-tool", "toolName": "search", "toolCallId": format!("{run}:2:call_5"),
+             "state": "output-available", "input": {}, "output": "found"}
+        ])));
+        assert_eq!(
+            answers.find(run, "call_1"),
+            Some(&ActionAnswer::Output(json!(null)))
+        );
+        assert_eq!(answers.find(run, "call_2"), None, "another run's call");
+        assert_eq!(
+            answers.find(other, "call_2"),
+            Some(&ActionAnswer::Error("down".to_owned()))
+        );
+        assert_eq!(
+            answers.find(run, "call_3"),
+            Some(&ActionAnswer::Approval {
+                approve: false,
+                reason: Some("no".to_owned())
+            })
+        );
+        assert_eq!(answers.find(run, "call_4"), None, "not answered yet");
+        assert_eq!(
+            answers.find(run, "call_5"),
+            Some(&ActionAnswer::Output(json!("found")))
+        );
+    }
+
+    #[test]
+    fn client_ids_are_bounded_and_plain() {
+        use crate::domain::is_external_id;
+        for good in [
+            "Xk3q9ZpLmN0aBcDe",
+            "0b7e2a0c-5d0f-4b7e-9a43-1f7f3c1a2b3c",
+            "a.b:c~d_e",
+            "...",
+        ] {
+            assert!(is_external_id(good), "{good}");
+        }
+        let long = "x".repeat(256);
+        for bad in ["", ".", "..", "a/b", "a b", "é", "a\u{0}", long.as_str()] {
+            assert!(!is_external_id(bad), "{bad:?}");
+        }
+        assert!(is_external_id(&"x".repeat(255)));
+    }
+}
