@@ -240,7 +240,7 @@ async fn a_stream_cut_by_kill_9_resumes_at_the_next_process() {
         let last_id = prefix
             .lines()
             .filter_map(|line| line.strip_prefix("id: "))
-            .last()
+            .next_back()
             .expect("an id before the kill")
             .to_owned();
         let rest = second
