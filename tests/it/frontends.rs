@@ -1,6 +1,6 @@
 //! Issue 25 item 6 (the event-stream part): the real `ai` 6, `ai` 7 and `@ag-ui/client` 1.0
 //! readers (`tests/frontends/run.mjs`) against `behest serve` with the demo model: a text run, a
-//! server-tool run, a client-tool run and an approval, each read live, replayed, cut after
+//! server-tool run, a client-tool run and an approval (and a cancelled run), each read live, replayed, cut after
 //! every frame (inside multi-frame events too) and resumed with `Last-Event-ID`; the message
 //! each library builds equals `GET /runs/{id}/output`, and any library validation error fails.
 //! Skipped unless `tests/frontends/node_modules` exists (`npm ci` there) or
@@ -64,6 +64,17 @@ async fn the_real_ai_sdk_and_ag_ui_readers_rebuild_each_run_from_any_cut() {
         "node run.mjs failed ({}):\n{stdout}\n{stderr}",
         output.status
     );
+    for reader in [
+        "ai-sdk (ai 6)",
+        "ai-sdk (ai 7)",
+        "ai-sdk-v7 (ai 7)",
+        "ag-ui",
+    ] {
+        assert!(
+            stdout.contains(&format!("cancelled {reader}: ok")),
+            "the cancel in {reader} missing from:\n{stdout}"
+        );
+    }
     // Every run in every reader was checked.
     for run in ["text", "server_tool", "client_tool", "approval"] {
         for reader in [
