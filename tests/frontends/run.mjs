@@ -271,7 +271,40 @@ const runs = {
   },
 };
 
+/// A run cancelled mid-text: each reader takes the cancel's frames (AI SDK `abort` + `finish`,
+/// AG-UI `RUN_FINISHED {outcome: cancelled}`) and keeps the text that was streamed, as the
+/// run's output does (an `incomplete` assistant message).
+async function cancelled(format, lib) {
+  const { run_id: runId, session_id: sessionId } = await api("POST", "/runs", {
+    provider: "demo",
+    model: "demo",
+    input: "count to 400",
+  });
+  const live = fetch(`${base}/runs/${runId}/events?format=${format}`).then((r) => r.text());
+  await new Promise((r) => setTimeout(r, 400));
+  await api("POST", `/runs/${runId}/cancel?wait=true`);
+  const text = await live;
+  const output = await api("GET", `/runs/${runId}/output`);
+  same(`cancelled ${format} status`, output.status, "cancelled");
+  const want = expected(output);
+  if (format === "ag-ui") {
+    const last = JSON.parse(text.trim().split("\n").at(-1).slice(6));
+    same("cancelled ag-ui outcome", last.outcome, { type: "cancelled" });
+    const messages = await agUiRead(runId, sessionId, text.match(/id: (\S+)\n[^\n]*\n\n$/)[1], (_, list) => list.length);
+    same("cancelled ag-ui messages", fromAgUi(messages), want);
+  } else {
+    if (!/"type":"abort"/.test(text) || !text.endsWith("data: [DONE]\n\n")) throw new Error(`no abort/[DONE]: ${text.slice(-300)}`);
+    const message = await readMessage(lib, text, undefined);
+    same(`cancelled ${format} message`, fromUi(message), want);
+  }
+  report.push(`cancelled ${format}${lib ? ` (ai ${lib === ai6 ? 6 : 7})` : ""}: ok`);
+}
+
 const report = [];
+await cancelled("ai-sdk", ai6);
+await cancelled("ai-sdk", ai7);
+await cancelled("ai-sdk-v7", ai7);
+await cancelled("ag-ui");
 for (const [name, run] of Object.entries(runs)) {
   for (const [format, lib] of [["ai-sdk", ai6], ["ai-sdk", ai7], ["ai-sdk-v7", ai7]]) {
     const live = await liveRun(run.body, format, run.answer ?? (async () => {}));
