@@ -415,6 +415,12 @@ pub async fn send_chat_message(
                     .filter_map(|part| part.text.as_deref())
                     .collect::<Vec<_>>()
                     .join("\n");
+                if text.trim().is_empty() {
+                    return Err(invalid(
+                        "messages",
+                        "the last user message has no text part with a non-whitespace character",
+                    ));
+                }
                 fields.session_id = Some(session.id.to_string());
                 fields.input = Some(text);
                 let permit = state.limits.open_watcher(caller)?;
@@ -442,7 +448,7 @@ pub async fn send_chat_message(
                 "messages",
                 format!(
                     "the last message is a `{other}` message: send a user message, or the \
-                 assistant message of a run waiting for tool outputs or approvals"
+                     assistant message of a run waiting for tool outputs or approvals"
                 ),
             )),
         }

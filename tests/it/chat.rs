@@ -209,6 +209,14 @@ async fn chat_keeps_the_client_id(backend: Backend) {
             Some("id"),
         ),
         (
+            json!({"id": CHAT_ID, "messages": [{"id": "u", "role": "user", "parts": [
+                {"type": "file", "url": "data:,x", "mediaType": "text/plain"}]}],
+                   "provider": "demo", "model": "demo"}),
+            422,
+            "invalid_field",
+            Some("messages"),
+        ),
+        (
             json!({"id": CHAT_ID, "messages": [], "provider": "demo", "model": "demo"}),
             422,
             "missing_field",
