@@ -110,10 +110,8 @@ impl Runtime {
                 return Ok(found);
             };
             after = last.sequence;
-            for logged in page
-                .iter()
-                .filter(|e| e.event_type == "tool_calls_required")
-            {
+            // Every event is read typed (the log is matched by variant, never by its tag).
+            for logged in &page {
                 let Ok(event) = serde_json::from_str::<AgentEvent>(&logged.data) else {
                     continue;
                 };
