@@ -112,6 +112,20 @@ fn no_nul(field: &str, values: &[&str]) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The problem for an [`AnswerError`]; the errors about one call name `field`, the body's
+/// list.
+pub(super) fn answer_error(error: AnswerError, field: &str) -> ApiError {
+    let named = matches!(
+        error,
+        AnswerError::UnknownCall(_)
+            | AnswerError::DuplicateCall(_)
+            | AnswerError::Missing(_)
+            | AnswerError::AlreadyAnswered(_)
+    );
+    let api = ApiError::from(error);
+    if named { api.field(field) } else { api }
+}
+
 async fn answer(
     state: &AppState,
     raw_id: &str,
@@ -126,17 +140,7 @@ async fn answer(
         .runtime
         .answer(run_id, kind, answers)
         .await
-        .map_err(|error| {
-            let named = matches!(
-                error,
-                AnswerError::UnknownCall(_)
-                    | AnswerError::DuplicateCall(_)
-                    | AnswerError::Missing(_)
-                    | AnswerError::AlreadyAnswered(_)
-            );
-            let api = ApiError::from(error);
-            if named { api.field(field) } else { api }
-        })?;
+        .map_err(|error| answer_error(error, field))?;
     Ok((StatusCode::ACCEPTED, axum::Json(record)).into_response())
 }
 

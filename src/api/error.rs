@@ -201,8 +201,18 @@ impl IntoResponse for ApiError {
 }
 
 impl From<StoreError> for ApiError {
+    /// 409 `external_id_taken` (field `external_id`) for a session id another session has;
+    /// anything else is the server's fault (500).
     fn from(error: StoreError) -> Self {
-        Self::internal(&error)
+        match error {
+            StoreError::ExternalIdTaken(_) => Self::new(
+                StatusCode::CONFLICT,
+                "external_id_taken",
+                format!("{error}; give another id, or use that session"),
+            )
+            .field("external_id"),
+            other => Self::internal(&other),
+        }
     }
 }
 
@@ -333,7 +343,7 @@ impl From<CreateRunError> for ApiError {
                 detail,
             )
             .retry_after(1),
-            CreateRunError::Store(error) => Self::internal(&error),
+            CreateRunError::Store(error) => error.into(),
         }
     }
 }

@@ -2,13 +2,16 @@
 //! route goes through utoipa-axum's `OpenApiRouter`, so the spec cannot forget one.
 
 mod actions;
+mod ag_ui;
 mod agents;
 pub mod auth;
+mod chat;
 mod compaction;
 pub mod connections;
 mod docs;
 mod error;
 mod extract;
+pub mod formats;
 pub mod limits;
 mod metrics;
 mod page;
@@ -148,6 +151,8 @@ impl std::ops::Deref for AppState {
                                          tools and limits a run can start from."),
         (name = "tools", description = "The tools runs may call."),
         (name = "providers", description = "The model providers runs may use."),
+        (name = "frontends", description = "Web frontends without an adapter: the AI SDK's `useChat` \
+                                            (`/chat`) and AG-UI's `HttpAgent` (`/ag-ui`)."),
         (name = "system", description = "Health, readiness and metrics.")
     )
 )]
@@ -185,6 +190,10 @@ fn protected_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(tools::list_tools))
         .routes(routes!(providers::list_providers))
         .routes(routes!(metrics::get_metrics))
+        .routes(routes!(chat::send_chat_message))
+        .routes(routes!(chat::resume_chat_stream))
+        .routes(routes!(chat::stop_chat))
+        .routes(routes!(ag_ui::run_ag_ui_agent))
 }
 
 /// The routes a load balancer probes: never behind a key ([`auth::PUBLIC_ROUTES`]).
@@ -205,7 +214,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// What the route macros cannot say, added to every operation: any of them may answer
 /// `500 internal_error` (a store failure), and each `text/event-stream` response carries
 /// `x-itemSchema`, the OpenAPI 3.2 `itemSchema` of an SSE event (`id`, `event`, and `data`
-/// whose JSON is an `AgentEvent`), next to the 3.1 `schema` that already names `AgentEvent`.
+/// whose JSON is an `AgentEvent`), next to the 3.1 `schema` that already names `AgentEvent`
+/// (for `/chat` and `/ag-ui`: `id` and `data`, a frame of the AI SDK's or AG-UI's stream).
 /// Every operation but the public probes states the bearer key and its `401`.
 fn complete(mut spec: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
@@ -232,7 +242,20 @@ fn complete(mut spec: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
             }
         }
     });
-    for item in spec.paths.paths.values_mut() {
+    // The web-frontend routes speak the AI SDK's and AG-UI's frames: no `event:` line, an id
+    // `N` or `N.j`, and a chunk or event of that protocol (or `[DONE]`) as data.
+    let frontend_item_schema = serde_json::json!({
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "id": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$",
+                   "description": "The frame's cursor: `N`, or `N.j` for frame `j` of event `N`"},
+            "data": {"type": "string",
+                     "description": "One AI SDK UI message chunk or AG-UI event as JSON, or `[DONE]`"}
+        }
+    });
+    for (path, item) in &mut spec.paths.paths {
+        let frontend = path == "/chat" || path.starts_with("/chat/") || path == "/ag-ui";
         let operations = [
             &mut item.get,
             &mut item.put,
@@ -253,7 +276,14 @@ fn complete(mut spec: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
                     content
                         .extensions
                         .get_or_insert_with(Default::default)
-                        .insert("x-itemSchema".to_owned(), item_schema.clone());
+                        .insert(
+                            "x-itemSchema".to_owned(),
+                            if frontend {
+                                frontend_item_schema.clone()
+                            } else {
+                                item_schema.clone()
+                            },
+                        );
                 }
             }
         }

@@ -13,6 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
 use super::extract::{Json, NoBody, Query};
+use super::formats::{self, Format};
 use super::limits::WatcherPermit;
 use super::page::RunListQuery;
 use super::{ApiError, AppState, Problem, sse};
@@ -27,7 +28,7 @@ fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
     raw.parse().map_err(|_| ApiError::run_not_found(raw))
 }
 
-async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
+pub(super) async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
     let run_id = parse_run_id(raw)?;
     state
         .runtime
@@ -39,7 +40,7 @@ async fn load_run(state: &AppState, raw: &str) -> Result<RunRecord, ApiError> {
 
 /// Starts the run a create request describes; the `Idempotency-Key` header stands in for a
 /// missing `client_request_id`.
-async fn start_run(
+pub(super) async fn start_run(
     state: &AppState,
     caller: Caller,
     headers: &HeaderMap,
@@ -175,13 +176,14 @@ pub async fn create_run(
     params(
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context of the caller"),
         ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]+$", description = "Stands in for `client_request_id` (1 to 255 visible ASCII characters, `!` to `~`); a retry attaches to the existing run's stream from sequence 1"),
+        StreamQuery
     ),
     responses(
         (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
             content_type = "text/event-stream", body = AgentEvent,
             headers(("X-Run-Id" = String, description = "The new run's id"),
                     ("Location" = String, description = "`/runs/{run_id}`"))),
-        (status = 400, description = "`malformed_json`; `invalid_header` (`Idempotency-Key` not 1 to 255 visible ASCII characters `!`..`~`)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`malformed_json`; `invalid_header` (`Idempotency-Key` not 1 to 255 visible ASCII characters `!`..`~`); `unknown_format` (`format` is none of `behest`, `ai-sdk`, `ai-sdk-v7`, `ag-ui`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`session_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`session_busy`, `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
@@ -197,8 +199,10 @@ pub async fn create_run_stream(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
+    Query(query): Query<StreamQuery>,
     Json(request): Json<CreateRunRequest>,
 ) -> Result<Response, ApiError> {
+    let format = Format::parse(query.format.as_deref())?;
     // The stream's place is taken before the run starts: a refused stream starts no run.
     let permit = state.limits.open_watcher(caller)?;
     let created = start_run(&state, caller, &headers, request).await?;
@@ -206,7 +210,10 @@ pub async fn create_run_stream(
         return Err(events_expired(&created.record));
     }
     // A retry with the same key attaches to the existing run's stream, from sequence 1.
-    let mut response = event_stream(&state, created.record.id, 0, permit);
+    let mut response = match format {
+        Format::Behest => event_stream(&state, created.record.id, 0, permit),
+        format => formats::stream(&state, &created.record, format, None, permit),
+    };
     response.headers_mut().extend(run_headers(&created)?);
     Ok(response)
 }
@@ -399,8 +406,30 @@ pub struct WatchQuery {
     /// Resume after this sequence (proto `WatchRunEventsRequest.last_event_id`): decimal digits
     /// only; empty means from the start. A non-empty `Last-Event-ID` header takes precedence;
     /// an empty one is ignored.
-    #[param(pattern = "^0*[0-9]{0,19}$")]
+    /// (For the formats other than `behest`, also `sequence.frame`: see `format`.)
+    #[param(pattern = "^0*[0-9]{0,19}(\\.0*[1-9][0-9]{0,9})?$")]
     last_event_id: Option<String>,
+    /// How events are rendered: `behest` (the default: `id:` = sequence, `event:` = type,
+    /// `data:` = the event), `ai-sdk` (the AI SDK UI message stream in the chunks both `ai` 6
+    /// and `ai` 7 accept), `ai-sdk-v7` (adds the chunks only `ai` 7 accepts) or `ag-ui` (AG-UI
+    /// 1.0 events). In those three, one event may give several frames: their ids are
+    /// `N.1 … N.(k-1)`, `N`, and a cursor `N.j` resumes after frame `j` of event `N`; an
+    /// AG-UI resume begins with a prelude (`RUN_STARTED` and the open step, reasoning, text
+    /// and tool calls) whose frames carry the cursor as id. Anything else: 400
+    /// `unknown_format`.
+    #[param(pattern = "^(behest|ai-sdk|ai-sdk-v7|ag-ui)?$")]
+    format: Option<String>,
+}
+
+/// Query of `POST /runs/stream`; unknown parameters are ignored.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StreamQuery {
+    /// How events are rendered: `behest` (the default), `ai-sdk`, `ai-sdk-v7` or `ag-ui`, as
+    /// for `GET /runs/{run_id}/events`; anything else: 400 `unknown_format` (no run is
+    /// started).
+    #[param(pattern = "^(behest|ai-sdk|ai-sdk-v7|ag-ui)?$")]
+    format: Option<String>,
 }
 
 /// Parses a resume cursor: exactly decimal digits (`0`, `42`; not `+5`, ` 5`, `5.0`, `-1`),
@@ -432,14 +461,14 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
 #[utoipa::path(get, path = "/runs/{run_id}/events", tag = "runs",
     params(
         ("run_id" = String, Path, format = Uuid, description = "Run id"),
-        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored", pattern = "^0*[0-9]{0,19}$"),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Resume after this sequence (what EventSource sends): decimal digits only; an empty header is ignored. With `format` other than `behest`, also `sequence.frame` (after that frame of the event)", pattern = "^0*[0-9]{0,19}(\\.0*[1-9][0-9]{0,9})?$"),
         WatchQuery
     ),
     responses(
         (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
             content_type = "text/event-stream", body = AgentEvent),
         (status = 204, description = "The cursor is at or past the terminal event of a finished run: nothing more will come"),
-        (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits (in a format other than `behest`: not `N` or `N.j` with `j` ≥ 1); `unknown_format`: `format` is none of `behest`, `ai-sdk`, `ai-sdk-v7`, `ag-ui`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "`run_events_expired`: the run ended more than `[runtime] event_retention_secs` ago and its events were removed (its record, session and messages are kept)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`shutting_down`: the server is draining before it stops; reconnect after `Retry-After` seconds (to the next process, which continues the stream from `Last-Event-ID`). `too_many_watchers`: `[limits] max_watchers` event streams are open, or `max_watchers_per_key` for this API key; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
@@ -452,6 +481,23 @@ pub async fn watch_run_events(
     headers: HeaderMap,
     Query(query): Query<WatchQuery>,
 ) -> Result<Response, ApiError> {
+    let format = Format::parse(query.format.as_deref())?;
+    if format != Format::Behest {
+        let header = headers
+            .get("last-event-id")
+            .map(|value| value.to_str().unwrap_or("\u{fffd}"))
+            .filter(|value| !value.is_empty());
+        let from_query = match query.last_event_id.as_deref() {
+            None | Some("") => None,
+            Some(raw) => Some(format.cursor(raw)?),
+        };
+        let after = match header {
+            Some(raw) => Some(format.cursor(raw)?),
+            None => from_query,
+        };
+        let record = load_run(&state, &raw_id).await?;
+        return formats::respond(&state, caller, &record, format, after).await;
+    }
     let header = headers
         .get("last-event-id")
         .map(|value| value.to_str().unwrap_or("\u{fffd}"))

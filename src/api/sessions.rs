@@ -19,10 +19,11 @@ use crate::runtime::CompactError;
 use crate::store::{SessionPatch, StoreError};
 
 impl Body for CreateSessionRequest {
-    const FIELDS: &'static [&'static str] = &["title", "metadata", "defaults"];
+    const FIELDS: &'static [&'static str] = &["title", "metadata", "defaults", "external_id"];
     fn expectation(field: &str) -> Option<&'static str> {
         Some(match field {
             "title" => "must be a string",
+            "external_id" => "must be a string",
             "metadata" => "must be a JSON object",
             "defaults" => {
                 "must be an object of agent, provider, model, instructions (strings) and \
@@ -50,7 +51,9 @@ impl Body for UpdateSessionRequest {
 /// Its title, metadata, and the defaults its runs take when they do not say (agent,
 /// provider, model, instructions, parameters). `POST /runs` without a
 /// `session_id` creates one too; a session made here starts empty, and its first run fills in
-/// the defaults it lacks with that run's agent, provider, model and instructions.
+/// the defaults it lacks with that run's agent, provider, model and instructions. An
+/// `external_id` is the id a web client keeps for the conversation (a `useChat` chat id, an
+/// AG-UI `threadId`): `POST /chat` and `POST /ag-ui` find the session by it.
 #[utoipa::path(post, path = "/sessions", tag = "sessions",
     request_body(content = CreateSessionRequest, description = "The session's title, metadata and run defaults (every field optional)", example = json!({
         "title": "Support chat",
@@ -64,7 +67,8 @@ impl Body for UpdateSessionRequest {
         (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field` (`title` over 1000 bytes, `metadata` not an object or over 16384 bytes, a parameter out of range, a NUL character, blank `instructions`, a `model` without its `provider`), `unknown_agent`, `unknown_provider`, `unknown_model`, `invalid_body`; `field` names the field", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`external_id_taken`: another session has this `external_id`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`title` over 1000 bytes, `metadata` not an object or over 16384 bytes, a parameter out of range, a NUL character, blank `instructions`, a `model` without its `provider`, `external_id` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~` or `.`/`..`), `unknown_agent`, `unknown_provider`, `unknown_model`, `invalid_body`; `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_session(
     State(state): State<AppState>,

@@ -71,12 +71,23 @@ pub fn response<S>(frames: S, keep_alive: &KeepAlive) -> Response
 where
     S: Stream<Item = Bytes> + Send + 'static,
 {
+    try_response(frames.map(Ok::<_, Infallible>), keep_alive)
+}
+
+/// As [`response`], for frames that may end in an error: the error aborts the response (the
+/// connection is closed without the chunked terminator, so the client sees a cut, not an end).
+/// The projected formats (`api/formats`) end this way at shutdown, because their readers take
+/// a clean end for a finished message.
+pub fn try_response<S, E>(frames: S, keep_alive: &KeepAlive) -> Response
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
     // `None` marks the end of the frames: the comments alone never end the stream.
     let frames = frames.map(Some).chain(futures::stream::once(ready(None)));
-    let body = futures::stream::select(frames, keep_alive.comments().map(Some))
+    let body = futures::stream::select(frames, keep_alive.comments().map(|c| Some(Ok(c))))
         .take_while(|chunk| ready(chunk.is_some()))
-        .filter_map(ready)
-        .map(Ok::<_, Infallible>);
+        .filter_map(ready);
     let mut response = Body::from_stream(body).into_response();
     let headers = response.headers_mut();
     headers.insert(

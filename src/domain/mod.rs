@@ -26,8 +26,9 @@ pub use ids::{CompactionId, MessageId, RunId, SessionId};
 pub use message::{ContentPart, Message, MessageStatus, Reasoning, Role, ToolCall};
 pub use run::{
     ACTION_TIMEOUT_MS, CreateRunRequest, CreateRunResponse, CreateSessionRequest,
-    DEFAULT_MAX_ITERATIONS_CAP, FinishReason, IDEMPOTENCY_KEY_RULE, METADATA_MAX_BYTES,
-    RequestProblem, RunEnd, RunOutput, RunRecord, RunStatus, Session, TITLE_MAX_BYTES, TokenUsage,
-    ToolChoice, ToolChoiceMode, ToolChoiceTool, UpdateSessionRequest, is_idempotency_key,
+    DEFAULT_MAX_ITERATIONS_CAP, EXTERNAL_ID_RULE, FinishReason, IDEMPOTENCY_KEY_RULE,
+    METADATA_MAX_BYTES, RequestProblem, RunEnd, RunOutput, RunRecord, RunStatus, Session,
+    TITLE_MAX_BYTES, TokenUsage, ToolChoice, ToolChoiceMode, ToolChoiceTool, UpdateSessionRequest,
+    is_external_id, is_idempotency_key,
 };
 pub use snapshot::Snapshot;

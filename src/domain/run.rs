@@ -822,6 +822,34 @@ pub struct Session {
     /// What its runs default to when they do not say: as created (`POST /sessions`), filled in
     /// by its first run with that run's agent, provider, model and instructions.
     pub defaults: SessionDefaults,
+    /// The id a client chose for this conversation (a `useChat` chat id, an AG-UI
+    /// `threadId`): 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~` (not `.` or `..`), unique
+    /// among sessions; absent when none was given. `POST /chat` and `POST /ag-ui` find the
+    /// session by it and create one with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 255, pattern = r"^[A-Za-z0-9_.:~-]{1,255}$")]
+    pub external_id: Option<String>,
+}
+
+/// Most characters of a session's `external_id`.
+pub const EXTERNAL_ID_MAX_LEN: usize = 255;
+
+/// What a session's `external_id` must be, in words (for problem details).
+pub const EXTERNAL_ID_RULE: &str =
+    "must be 1 to 255 characters of A-Z a-z 0-9 - _ . : ~ (not `.` or `..`)";
+
+/// Whether `id` may be a session's `external_id`: 1 to [`EXTERNAL_ID_MAX_LEN`] characters of
+/// `A-Z a-z 0-9 - _ . : ~`, not `.` or `..` (which the AI SDK refuses as chat ids and a URL
+/// path would resolve). A `useChat` id (16-character nanoid) and a uuid pass.
+#[must_use]
+pub fn is_external_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= EXTERNAL_ID_MAX_LEN
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'~'))
 }
 
 impl RunRecord {
@@ -883,6 +911,12 @@ pub struct CreateSessionRequest {
     /// (checked as a run's would be).
     #[serde(default)]
     pub defaults: Option<SessionDefaults>,
+    /// The id the client chose for this conversation (see [`Session::external_id`]): 1 to
+    /// 255 characters of `A-Z a-z 0-9 - _ . : ~`, not `.` or `..`; one no other session has
+    /// (else 409 `external_id_taken`).
+    #[serde(default)]
+    #[schema(max_length = 255, pattern = r"^[A-Za-z0-9_.:~-]{1,255}$")]
+    pub external_id: Option<String>,
 }
 
 /// Body of `PATCH /sessions/{session_id}`: the fields given replace the session's; absent
@@ -911,6 +945,11 @@ impl CreateSessionRequest {
     /// The first [`RequestProblem`] found.
     pub fn check(&self) -> Result<(), RequestProblem> {
         check_session_fields(self.title.as_deref(), self.metadata.as_ref())?;
+        if let Some(id) = &self.external_id
+            && !is_external_id(id)
+        {
+            return Err(invalid("external_id", EXTERNAL_ID_RULE));
+        }
         if let Some(defaults) = &self.defaults {
             let named = [
                 ("defaults", defaults.agent.as_deref()),

@@ -46,6 +46,7 @@ impl LoggedEvent {
             sequence: self.sequence,
             terminal: self.terminal,
             bytes: frame.freeze(),
+            data: self.data.clone(),
         }
     }
 }
@@ -61,6 +62,9 @@ pub struct EventFrame {
     pub terminal: bool,
     /// The whole SSE frame, from `id:` to the blank line that ends it.
     pub bytes: Bytes,
+    /// The event's JSON (shared with the [`LoggedEvent`], not copied): what the other
+    /// renderings of the log (`api/formats`) deserialize into the typed [`crate::events::AgentEvent`].
+    pub data: Arc<str>,
 }
 
 /// A receiver of one run's live events.

@@ -408,6 +408,7 @@ impl Runtime {
             title: request.title,
             metadata: request.metadata.unwrap_or_else(|| serde_json::json!({})),
             defaults,
+            external_id: request.external_id,
         };
         self.store
             .create_session(&session)

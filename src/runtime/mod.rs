@@ -4,6 +4,7 @@
 
 mod admission;
 mod agents;
+pub mod client_sessions;
 pub mod compaction;
 mod doom_loop;
 mod end;

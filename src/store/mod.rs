@@ -78,6 +78,9 @@ pub enum StoreError {
         /// Its active run.
         active_run: RunId,
     },
+    /// Another session has this `external_id`.
+    #[error("a session with external_id `{0}` exists")]
+    ExternalIdTaken(String),
     /// A run with this client request id exists already.
     #[error("a run with this client_request_id exists: {}", existing.id)]
     DuplicateRequest {
@@ -522,7 +525,11 @@ pub trait SessionStore: Send + Sync {
     ) -> StoreResult<Vec<Session>>;
 
     /// Creates a session without runs; returns it as stored (PostgreSQL keeps microseconds).
+    /// [`StoreError::ExternalIdTaken`] when another session has its `external_id`.
     async fn create_session(&self, session: &Session) -> StoreResult<Session>;
+
+    /// The session whose `external_id` (the id a web client chose) is `external_id`, if any.
+    async fn session_by_external_id(&self, external_id: &str) -> StoreResult<Option<Session>>;
 
     /// Changes a session's title and metadata (and `updated_at`); `None` when it does not
     /// exist.

@@ -271,6 +271,7 @@ fn the_document_states_license_errors_events_and_tool_choice() {
     );
     assert_eq!(schemas["ToolChoiceTool"]["required"], json!(["name"]));
     let mut streams = 0;
+    let mut frontend_streams = 0;
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
             let responses = operation["responses"].as_object().unwrap();
@@ -286,6 +287,13 @@ fn the_document_states_license_errors_events_and_tool_choice() {
                 }
                 if let Some(sse) = content.and_then(|c| c.get("text/event-stream")) {
                     let data = &sse["x-itemSchema"]["properties"]["data"];
+                    if path == "/chat" || path.starts_with("/chat/") || path == "/ag-ui" {
+                        // The AI SDK's and AG-UI's frames: `id` and `data`, no `event`.
+                        assert_eq!(data["type"], "string", "{path}");
+                        assert_eq!(sse["x-itemSchema"]["required"], json!(["data"]), "{path}");
+                        frontend_streams += 1;
+                        continue;
+                    }
                     assert_eq!(data["contentMediaType"], "application/json");
                     assert_eq!(
                         data["contentSchema"]["$ref"],
@@ -297,6 +305,10 @@ fn the_document_states_license_errors_events_and_tool_choice() {
         }
     }
     assert_eq!(streams, 2, "POST /runs/stream and GET /runs/{{id}}/events");
+    assert_eq!(
+        frontend_streams, 3,
+        "POST /chat, GET /chat/{{chat_id}}/stream and POST /ag-ui"
+    );
 }
 
 /// Readable errors: blank input, NUL characters, non-object bodies, wrong types; never serde's

@@ -22,6 +22,8 @@ mod api;
 #[cfg(test)]
 mod bench_smoke;
 #[cfg(test)]
+mod chat;
+#[cfg(test)]
 mod clients;
 #[cfg(test)]
 mod compaction;
@@ -37,6 +39,8 @@ mod docker;
 mod events;
 #[cfg(test)]
 mod first_hour;
+#[cfg(test)]
+mod frontends;
 #[cfg(test)]
 mod input;
 #[cfg(test)]

@@ -856,13 +856,48 @@ async fn sessions_pages_and_defaults(backend: Backend) {
         title: Some("t".to_owned()),
         metadata: json!({"k": 1}),
         defaults: SessionDefaults::default(),
+        external_id: Some("Xk3_q9-ZpLmN0aBc".to_owned()),
     };
     let created = store.create_session(&session).await.unwrap();
     assert_eq!(
-        (&created.title, &created.metadata),
-        (&session.title, &session.metadata)
+        (&created.title, &created.metadata, &created.external_id),
+        (&session.title, &session.metadata, &session.external_id)
     );
-    assert_eq!(store.get_session(session.id).await.unwrap(), Some(created));
+    assert_eq!(
+        store.get_session(session.id).await.unwrap(),
+        Some(created.clone())
+    );
+    // The client's id finds the session; another session may not take it; sessions without
+    // one do not collide.
+    assert_eq!(
+        store
+            .session_by_external_id("Xk3_q9-ZpLmN0aBc")
+            .await
+            .unwrap(),
+        Some(created)
+    );
+    assert_eq!(store.session_by_external_id("other").await.unwrap(), None);
+    let taken = store
+        .create_session(&Session {
+            id: SessionId::new(),
+            ..session.clone()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&taken, behest::store::StoreError::ExternalIdTaken(id) if id == "Xk3_q9-ZpLmN0aBc"),
+        "{taken:?}"
+    );
+    for _ in 0..2 {
+        store
+            .create_session(&Session {
+                id: SessionId::new(),
+                external_id: None,
+                ..session.clone()
+            })
+            .await
+            .unwrap();
+    }
     let patched = store
         .update_session(
             session.id,

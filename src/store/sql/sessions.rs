@@ -12,7 +12,8 @@ use crate::store::{
     SqliteStore, StoreError, StoreResult,
 };
 
-pub(super) const SESSION_COLUMNS: &str = "id, created_at, updated_at, title, metadata, defaults";
+pub(super) const SESSION_COLUMNS: &str =
+    "id, created_at, updated_at, title, metadata, defaults, external_id";
 
 pub(super) const MESSAGE_COLUMNS: &str = "id, session_id, run_id, role, content, tool_calls, tool_call_id, tool_name, created_at, \
      reasoning, status";
@@ -25,6 +26,7 @@ pub(super) struct SessionRow {
     title: Option<String>,
     metadata: String,
     defaults: String,
+    external_id: Option<String>,
 }
 
 impl TryFrom<SessionRow> for Session {
@@ -38,6 +40,7 @@ impl TryFrom<SessionRow> for Session {
             title: row.title,
             metadata: json("metadata", &row.metadata)?,
             defaults: json("defaults", &row.defaults)?,
+            external_id: row.external_id,
         })
     }
 }
@@ -139,8 +142,8 @@ macro_rules! impl_session_store {
             }
 
             async fn create_session(&self, session: &Session) -> StoreResult<Session> {
-                let row: SessionRow = sqlx::query_as(&format!(
-                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) \
+                let inserted = sqlx::query_as::<_, SessionRow>(&format!(
+                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7) \
                      RETURNING {SESSION_COLUMNS}"
                 ))
                 .bind(session.id.0)
@@ -149,9 +152,33 @@ macro_rules! impl_session_store {
                 .bind(session.title.as_deref())
                 .bind(to_json(&session.metadata)?)
                 .bind(to_json(&session.defaults)?)
+                .bind(session.external_id.as_deref())
                 .fetch_one(&self.pool)
+                .await;
+                match inserted {
+                    Ok(row) => row.try_into(),
+                    Err(sqlx::Error::Database(error))
+                        if error.is_unique_violation() && session.external_id.is_some() =>
+                    {
+                        Err(StoreError::ExternalIdTaken(
+                            session.external_id.clone().unwrap_or_default(),
+                        ))
+                    }
+                    Err(error) => Err(error.into()),
+                }
+            }
+
+            async fn session_by_external_id(
+                &self,
+                external_id: &str,
+            ) -> StoreResult<Option<Session>> {
+                let row: Option<SessionRow> = sqlx::query_as(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE external_id = $1"
+                ))
+                .bind(external_id)
+                .fetch_optional(&self.pool)
                 .await?;
-                row.try_into()
+                row.map(TryInto::try_into).transpose()
             }
 
             async fn update_session(

@@ -21,6 +21,7 @@ use crate::{BenchError, Result};
 mod cancel;
 mod compaction;
 mod fanout;
+mod formats;
 mod idle_memory;
 mod latency;
 mod long_session;
@@ -201,6 +202,8 @@ pub enum Figure {
     Ops,
     /// Request → `model_started` at a session's 1,000th turn against its first.
     LongSession,
+    /// Server CPU per event in each `?format=` rendering against behest's own format.
+    Formats,
 }
 
 /// Everything a figure needs; cheap to clone into tasks.
@@ -488,6 +491,10 @@ pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec
     if wants(Figure::Gap100) {
         step("gaps at 100 concurrent runs");
         rows.extend(latency::latency_concurrent(ctx).await?);
+    }
+    if wants(Figure::Formats) {
+        step("formats");
+        rows.extend(formats::formats(ctx).await?);
     }
     if wants(Figure::Resume) {
         step("resume");

@@ -1,0 +1,375 @@
+//! An AG-UI agent endpoint (`HttpAgent`, CopilotKit): `POST /ag-ui` takes a `RunAgentInput`
+//! and answers AG-UI events. The thread is a session (named by the client's `threadId`, kept
+//! as its `external_id`); the client's `runId` is kept as the run's `client_request_id`
+//! (`ag-ui:<runId>`), so a retry of the same input attaches to the same run and the events
+//! carry the client's `runId`.
+//!
+//! AG-UI has no resume and no cancel: a client re-attaches with
+//! `GET /runs/{run_id}/events?format=ag-ui` and `Last-Event-ID`, and cancels with
+//! `POST /runs/{run_id}/cancel`; the behest run id is the response's `X-Run-Id` header.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use super::auth::Caller;
+use super::chat::{ClientAnswers, answer_pause, forget_new_session, run_fields};
+use super::extract::Json;
+use super::formats::{self, AG_UI_RUN_PREFIX, Format};
+use super::{ApiError, AppState, Problem, runs};
+use crate::domain::{ActionAnswer, RunTool, Session, ToolDefinition};
+
+/// Body of `POST /ag-ui`: AG-UI's `RunAgentInput` (what `HttpAgent.runAgent()` sends).
+/// Unknown keys are ignored.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({
+    "threadId": "0b7e2a0c-5d0f-4b7e-9a43-1f7f3c1a2b3c",
+    "runId": "6c1f1b9e-3b8e-4c49-8d1e-0a8a1d3c5e7f",
+    "messages": [{"id": "u1", "role": "user", "content": "What time is it?"}],
+    "tools": [], "context": [], "state": {},
+    "forwardedProps": {"provider": "demo", "model": "demo"}
+}))]
+pub struct RunAgentInput {
+    /// The thread: one of behest's session ids, or an id the client generated (`HttpAgent`'s
+    /// default is a uuid v4; 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`), kept as the
+    /// session's `external_id`; the session is created on first use.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^[A-Za-z0-9_.:~-]{1,255}$"
+    )]
+    pub thread_id: String,
+    /// The client's run id: stored as the run's `client_request_id` `ag-ui:<runId>` (so at
+    /// most 249 visible ASCII characters) and sent back as `runId` in the events. The same
+    /// input posted again attaches to the same run (a different one with this `runId`: 409
+    /// `idempotency_key_reused`).
+    #[schema(min_length = 1, max_length = 249, pattern = "^[!-~]{1,249}$")]
+    pub run_id: String,
+    /// The thread as the client holds it; behest reads only the end of it. A last `user`
+    /// message (`content` a string, or parts whose `text` parts are joined by newlines) starts
+    /// a run (unless `resume` is given). Otherwise the thread's run waiting in
+    /// `requires_action` is answered: `tool` messages (`toolCallId`, `content` kept as a
+    /// string, or `error`) answer its client tool calls.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub messages: Vec<Value>,
+    /// The frontend tools `{name, description, parameters}`: the run's client tools, added to
+    /// `forwardedProps.tools` (or to the agent's tools, or every server tool).
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Vec<Value>,
+    /// `{description, value}` entries, appended to the run's instructions as text (lossy: the
+    /// model sees them as part of the system prompt).
+    #[serde(default)]
+    pub context: Vec<AgUiContext>,
+    /// `POST /runs` fields (`agent`, `provider`, `model`, `instructions`, `tools`, …; not
+    /// `session_id`, `input` or `client_request_id`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub forwarded_props: Option<Value>,
+    /// Answers to the interrupts of a run paused for approvals (`RUN_FINISHED.outcome` of
+    /// type `interrupt`): `interruptId` = the interrupt's id; `status: "resolved"` with
+    /// `payload.approved` (and optional `payload.reason`) decides, `"cancelled"` rejects.
+    #[serde(default)]
+    pub resume: Vec<AgUiResume>,
+    /// Ignored: behest has no agent state.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub state: Option<Value>,
+}
+
+/// One `RunAgentInput.context` entry.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AgUiContext {
+    /// What the value is.
+    #[serde(default)]
+    pub description: String,
+    /// The value.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// One `RunAgentInput.resume` entry.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgUiResume {
+    /// The interrupt answered.
+    pub interrupt_id: String,
+    /// `resolved` or `cancelled`.
+    pub status: String,
+    /// For an approval: `{approved: boolean, reason?: string}`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<Value>,
+}
+
+impl super::extract::Body for RunAgentInput {
+    const FIELDS: &'static [&'static str] = &[
+        "threadId",
+        "runId",
+        "messages",
+        "tools",
+        "context",
+        "forwardedProps",
+        "resume",
+        "state",
+    ];
+    fn expectation(field: &str) -> Option<&'static str> {
+        Some(match field {
+            "threadId" | "runId" => "must be a string",
+            "messages" => "must be an array of AG-UI messages",
+            "tools" => "must be an array of {name, description, parameters} objects",
+            "context" => "must be an array of {description, value} objects",
+            "resume" => "must be an array of {interruptId, status, payload} objects",
+            _ => return None,
+        })
+    }
+}
+
+/// One AG-UI message, as much of it as behest reads.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AgUiMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// 422 `invalid_field` naming `field`.
+fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).field(field)
+}
+
+/// The text of a user message's `content`: a string, or the `text` parts joined by newlines.
+fn user_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter(|part| part.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// The answers in an input: `tool` messages and `resume` entries.
+fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswers {
+    let mut answers: Vec<(String, ActionAnswer)> = messages
+        .iter()
+        .filter(|message| message.role == "tool")
+        .filter_map(|message| {
+            let id = message.tool_call_id.clone()?;
+            let answer = match &message.error {
+                Some(error) => ActionAnswer::Error(error.clone()),
+                None => ActionAnswer::Output(match &message.content {
+                    Some(Value::String(text)) => Value::String(text.clone()),
+                    Some(other) => Value::String(other.to_string()),
+                    None => Value::String(String::new()),
+                }),
+            };
+            Some((id, answer))
+        })
+        .collect();
+    answers.extend(resume.iter().map(|entry| {
+        let payload = entry.payload.as_ref();
+        let approve = entry.status == "resolved"
+            && payload
+                .and_then(|p| p.get("approved"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+        let reason = payload
+            .and_then(|p| p.get("reason"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| (entry.status == "cancelled").then(|| "cancelled".to_owned()));
+        (
+            entry.interrupt_id.clone(),
+            ActionAnswer::Approval { approve, reason },
+        )
+    }));
+    ClientAnswers { answers }
+}
+
+/// Run an AG-UI agent (`HttpAgent`'s `runAgent`).
+///
+/// Takes a `RunAgentInput` and answers AG-UI 1.0 events (`data:` JSON, `id:` = the frame's
+/// cursor `N` or `N.j`, LF line endings): `RUN_STARTED` (`threadId` = the session id, `runId`
+/// = the client's) … `RUN_FINISHED` or `RUN_ERROR`. A last `user` message starts a run in the
+/// thread's session; `tools` become the run's client tools, `forwardedProps` its other
+/// fields, `context` is appended to its instructions. A run that calls a client tool ends the
+/// response with `RUN_FINISHED` (`outcome.pendingToolCallIds`); one waiting for approvals with
+/// an `interrupt` outcome. The next input answers it (`tool` messages, `resume[]`) and
+/// the response is the run's continuation; the same answers posted again stream that
+/// continuation again.
+///
+/// Re-attach after a lost connection with `GET /runs/{run_id}/events?format=ag-ui` and
+/// `Last-Event-ID` (the `X-Run-Id` header names the run); cancel with
+/// `POST /runs/{run_id}/cancel`.
+#[utoipa::path(post, path = "/ag-ui", tag = "frontends",
+    request_body(content = RunAgentInput, description = "AG-UI `RunAgentInput`"),
+    responses(
+        (status = 200, description = "AG-UI events: `id:` = the frame's cursor, `data:` = one event",
+            content_type = "text/event-stream", body = String,
+            headers(("X-Run-Id" = String, description = "The behest run streamed (for re-attach and cancel)"))),
+        (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`session_busy` (the thread has a run in progress, `run_id`); `run_not_waiting` (the input answers calls its run does not wait for); `tool_call_answered`; `idempotency_key_reused` (this `runId` started a different run)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 249 visible ASCII characters; no user message to start a run from and no waiting run; a tool definition or a `forwardedProps` field as `POST /runs` refuses it); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+        (status = 503, description = "`shutting_down`; `too_many_watchers`", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+    ))]
+pub async fn run_ag_ui_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Json(input): Json<RunAgentInput>,
+) -> Result<Response, ApiError> {
+    let client_request_id = format!("{AG_UI_RUN_PREFIX}{}", input.run_id);
+    if input.run_id.is_empty() || !crate::domain::is_idempotency_key(&client_request_id) {
+        return Err(invalid(
+            "runId",
+            "must be 1 to 249 visible ASCII characters (`!` to `~`)",
+        ));
+    }
+    let messages: Vec<AgUiMessage> = input
+        .messages
+        .iter()
+        .map(|message| serde_json::from_value(message.clone()))
+        .collect::<Result<_, _>>()
+        .map_err(|error| invalid("messages", format!("not an AG-UI message: {error}")))?;
+    let (session, new) = state
+        .runtime
+        .client_session("threadId", &input.thread_id)
+        .await?;
+    let answered = agent_answer(
+        &state,
+        caller,
+        &headers,
+        input,
+        &messages,
+        client_request_id,
+        &session,
+    )
+    .await;
+    if answered.is_err() && new {
+        forget_new_session(&state, &session).await;
+    }
+    answered
+}
+
+/// What `POST /ag-ui` answers once the thread's session is known.
+async fn agent_answer(
+    state: &AppState,
+    caller: Caller,
+    headers: &HeaderMap,
+    input: RunAgentInput,
+    messages: &[AgUiMessage],
+    client_request_id: String,
+    session: &Session,
+) -> Result<Response, ApiError> {
+    // A last user message starts a run; anything else (a tool message, the assistant message
+    // of the pause, `resume[]`) answers the thread's paused run.
+    let starts_run = input.resume.is_empty()
+        && messages
+            .last()
+            .is_some_and(|message| message.role == "user");
+    if !starts_run {
+        let given = input_answers(messages, &input.resume);
+        let run = state.runtime.latest_run(session.id).await?;
+        let Some(run) = run.filter(|_| !given.answers.is_empty()) else {
+            return Err(invalid(
+                "messages",
+                "the thread's last message is no user message, and the input answers no run \
+                 of the thread that waits for tool outputs or approvals",
+            ));
+        };
+        let after = answer_pause(state, &run, &given, "messages").await?;
+        let permit = state.limits.open_watcher(caller)?;
+        let run = runs::load_run(state, &run.id.to_string()).await?;
+        let mut response = formats::stream(state, &run, Format::AgUi, Some(after), permit);
+        run_id_header(&mut response, &run.id.to_string());
+        return Ok(response);
+    }
+    let forwarded = match input.forwarded_props {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(_) => return Err(invalid("forwardedProps", "must be a JSON object")),
+    };
+    if forwarded.contains_key("client_request_id") {
+        return Err(invalid(
+            "client_request_id",
+            "a run started through /ag-ui is keyed by the input's `runId`",
+        ));
+    }
+    let mut fields = run_fields(forwarded, "forwardedProps")?;
+    fields.session_id = Some(session.id.to_string());
+    fields.input = Some(user_text(messages.last().and_then(|m| m.content.as_ref())));
+    fields.client_request_id = Some(client_request_id);
+    let preset = fields
+        .agent
+        .as_ref()
+        .or(session.defaults.agent.as_ref())
+        .and_then(|name| state.runtime.agents().get(name));
+    if !input.tools.is_empty() {
+        let mut tools = match (fields.tools.take(), preset.and_then(|p| p.tools.clone())) {
+            (Some(tools), _) | (None, Some(tools)) => tools,
+            (None, None) => state
+                .runtime
+                .tools()
+                .list()
+                .into_iter()
+                .map(|tool| RunTool::Server(tool.name))
+                .collect(),
+        };
+        for tool in input.tools {
+            let definition: ToolDefinition = serde_json::from_value(tool)
+                .map_err(|error| invalid("tools", format!("not a tool definition: {error}")))?;
+            tools.push(RunTool::Client(definition));
+        }
+        fields.tools = Some(tools);
+    }
+    if !input.context.is_empty() {
+        let base = fields
+            .instructions
+            .clone()
+            .or_else(|| preset.and_then(|p| p.instructions.clone()))
+            .or_else(|| session.defaults.instructions.clone())
+            .unwrap_or_default();
+        let mut text = base;
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        text.push_str("Context:");
+        for entry in &input.context {
+            text.push_str(&format!("\n- {}: {}", entry.description, entry.value));
+        }
+        fields.instructions = Some(text);
+    }
+    let permit = state.limits.open_watcher(caller)?;
+    let created = runs::start_run(state, caller, headers, fields).await?;
+    let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit);
+    run_id_header(&mut response, &created.record.id.to_string());
+    Ok(response)
+}
+
+fn run_id_header(response: &mut Response, run_id: &str) {
+    if let Ok(value) = HeaderValue::from_str(run_id) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static("x-run-id"), value);
+    }
+}

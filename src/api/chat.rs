@@ -1,0 +1,647 @@
+//! The AI SDK's `useChat` against behest, unchanged: `POST /chat` takes the body
+//! `DefaultChatTransport` sends and answers the UI message stream of a run,
+//! `GET /chat/{chat_id}/stream` is what `useChat({ resume: true })` calls, and
+//! `POST /chat/{chat_id}/stop` cancels the chat's run (the client's `stop()` only disconnects).
+//!
+//! A chat is a session, named by the chat id the client generated (the session's
+//! `external_id`, or one of behest's session ids). The UI message id of a run's answer is the
+//! run id, and tool call ids are namespaced (`<run_id>:<iteration>:<call_id>`, see
+//! [`formats::split_tool_call_id`]); the answers a client posts come back under those ids.
+
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+
+use super::auth::Caller;
+use super::extract::{Json, NoBody, Query};
+use super::formats::{self, Cursor, Format};
+use super::{ApiError, AppState, Problem, actions, runs};
+use crate::domain::{ActionAnswer, CreateRunRequest, PendingKind, RunId, RunRecord, Session};
+use crate::runtime::Answer;
+use crate::runtime::client_sessions::in_progress;
+
+/// Query of the `/chat` routes: the UI message stream's dialect. Unknown parameters are
+/// ignored (a `useChat` `api` URL may carry the app's own).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ChatQuery {
+    /// `ai-sdk` (the default: the chunks both `ai` 6 and `ai` 7 accept) or `ai-sdk-v7` (adds
+    /// `reset-step`, `tool-approval-response` and `finishReason: "interrupted"`, which `ai` 6
+    /// rejects); anything else is 400 `unknown_format`. Put it on the transport's `api` URL:
+    /// `new DefaultChatTransport({ api: "/chat?format=ai-sdk-v7" })`.
+    #[param(pattern = "^(ai-sdk|ai-sdk-v7)?$")]
+    format: Option<String>,
+}
+
+impl ChatQuery {
+    fn format(&self) -> Result<Format, ApiError> {
+        match self.format.as_deref() {
+            None | Some("") => Format::parse(Some("ai-sdk")),
+            Some(raw @ ("ai-sdk" | "ai-sdk-v7")) => Format::parse(Some(raw)),
+            Some(other) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "unknown_format",
+                format!("`{other}` is not a format of /chat: ai-sdk or ai-sdk-v7"),
+            )
+            .field("format")),
+        }
+    }
+}
+
+/// Body of `POST /chat`: what the AI SDK's `DefaultChatTransport` sends, plus the transport's
+/// `body` keys, which are `POST /runs` fields (`agent`, `provider`, `model`, `instructions`,
+/// `tools`, `approval`, `temperature`, `metadata`, …; not `session_id` or `input`, which the
+/// chat gives).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({
+    "id": "Xk3q9ZpLmN0aBcDe",
+    "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "What time is it?"}]}],
+    "trigger": "submit-message",
+    "provider": "demo", "model": "demo"
+}))]
+pub struct ChatRequest {
+    /// The chat: one of behest's session ids, or an id the client generated (a `useChat` id,
+    /// 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`), kept as the session's `external_id`;
+    /// the session is created on first use.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^[A-Za-z0-9_.:~-]{1,255}$"
+    )]
+    pub id: String,
+    /// The chat's UI messages as the client holds them. Only the last one is read: a `user`
+    /// message (its `text` parts, joined by newlines, are the new run's input), or the
+    /// assistant message of a run waiting in `requires_action` (its id is the run id) whose
+    /// tool parts carry the client's answers — `output-available` (`output`) and
+    /// `output-error` (`errorText`) for the run's client tools, `approval-responded`
+    /// (`approval.approved`, `approval.reason`) for its approvals. The history before it is
+    /// behest's already.
+    #[schema(value_type = Vec<Object>, min_items = 1)]
+    pub messages: Vec<Value>,
+    /// `submit-message` (default) or `regenerate-message` (refused: 409
+    /// `regenerate_unsupported`).
+    #[serde(default)]
+    #[schema(pattern = "^(submit-message|regenerate-message)$")]
+    pub trigger: Option<String>,
+    /// The assistant message continued after tool outputs (the run id), or the one to
+    /// regenerate.
+    #[serde(default, rename = "messageId")]
+    pub message_id: Option<String>,
+    /// Any other key is a `POST /runs` field (see `CreateRunRequest`).
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub run: Map<String, Value>,
+}
+
+/// One UI message, as much of it as behest reads.
+#[derive(Debug, Deserialize)]
+struct UiMessage {
+    #[serde(default)]
+    id: String,
+    role: String,
+    #[serde(default)]
+    parts: Vec<UiPart>,
+}
+
+/// One part of a UI message, as much of it as behest reads; other parts and keys are ignored.
+#[derive(Debug, Deserialize)]
+struct UiPart {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default, rename = "toolCallId")]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    output: Option<Value>,
+    #[serde(default, rename = "errorText")]
+    error_text: Option<String>,
+    #[serde(default)]
+    approval: Option<UiApproval>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UiApproval {
+    #[serde(default)]
+    approved: Option<bool>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// Distinguishes `"output": null` from an absent `output`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+impl super::extract::Body for ChatRequest {
+    const FIELDS: &'static [&'static str] = &["id", "messages", "trigger", "messageId"];
+    fn expectation(field: &str) -> Option<&'static str> {
+        Some(match field {
+            "id" => "must be a string",
+            "messages" => "must be an array of UI messages",
+            "trigger" => "must be `submit-message` or `regenerate-message`",
+            "messageId" => "must be a string",
+            _ => return None,
+        })
+    }
+}
+
+/// 422 `invalid_field` naming `field`.
+fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).field(field)
+}
+
+/// A client's answers to tool calls, by the namespaced or plain call id it names.
+pub(super) struct ClientAnswers {
+    /// `(call id as sent, answer)`, in the order sent.
+    pub answers: Vec<(String, ActionAnswer)>,
+}
+
+impl ClientAnswers {
+    /// The answer given for the provider's call `call_id` of run `run_id`: under its namespaced
+    /// id (the latest one sent for that call) or, from a client that kept the plain id, that.
+    pub fn find(&self, run_id: RunId, call_id: &str) -> Option<&ActionAnswer> {
+        self.answers
+            .iter()
+            .rev()
+            .find(|(sent, _)| match formats::split_tool_call_id(sent) {
+                Some((run, _, call)) => run == run_id && call == call_id,
+                None => sent == call_id,
+            })
+            .map(|(_, answer)| answer)
+    }
+}
+
+/// Answers `run`'s calls from `given` and returns the cursor of the pause they answer, after
+/// which the continuation streams. When the run waits for calls the client answered, those
+/// answers are recorded (tool outputs, then approvals, each kind all at once as
+/// `POST /runs/{run_id}/tool_outputs` and `/approvals` require; the same errors). When the
+/// client answered an earlier pause (a repeated post, the run has moved on), nothing is
+/// recorded and the continuation of that pause streams again.
+///
+/// # Errors
+/// 409 `run_not_waiting` when the run neither waits for these answers nor paused for them
+/// before; the runtime's answer errors (`missing_tool_calls`, …) with `field`.
+pub(super) async fn answer_pause(
+    state: &AppState,
+    run: &RunRecord,
+    given: &ClientAnswers,
+    field: &str,
+) -> Result<Cursor, ApiError> {
+    let pending = run
+        .required_action
+        .as_ref()
+        .filter(|_| run.status == crate::domain::RunStatus::RequiresAction)
+        .map(|action| action.tool_calls.clone())
+        .unwrap_or_default();
+    let fresh = pending
+        .iter()
+        .any(|call| given.find(run.id, &call.call_id).is_some());
+    if fresh {
+        // Every call is answered, or nothing is recorded.
+        let missing: Vec<String> = pending
+            .iter()
+            .filter(|call| given.find(run.id, &call.call_id).is_none())
+            .map(|call| call.call_id.clone())
+            .collect();
+        if !missing.is_empty() {
+            return Err(actions::answer_error(
+                crate::runtime::AnswerError::Missing(missing),
+                field,
+            ));
+        }
+        let ids: Vec<&str> = pending.iter().map(|call| call.call_id.as_str()).collect();
+        let pause = match state.runtime.pause_answered(run.id, &ids).await? {
+            Some(pause) => pause,
+            None => state.runtime.store().last_sequence(run.id).await?,
+        };
+        for kind in [PendingKind::ClientTool, PendingKind::Approval] {
+            let of_kind: Vec<Answer> = pending
+                .iter()
+                .filter(|call| call.kind == kind)
+                .filter_map(|call| {
+                    given.find(run.id, &call.call_id).map(|answer| Answer {
+                        call_id: call.call_id.clone(),
+                        answer: answer.clone(),
+                    })
+                })
+                .collect();
+            let waits = pending.iter().any(|call| call.kind == kind);
+            if !waits {
+                continue;
+            }
+            match state.runtime.answer(run.id, kind, of_kind).await {
+                Ok(_) => {}
+                // A concurrent identical post answered first: stream the same continuation.
+                Err(crate::runtime::AnswerError::AlreadyAnswered(_)) => {}
+                Err(error) => return Err(actions::answer_error(error, field)),
+            }
+        }
+        return Ok(Cursor::after(pause));
+    }
+    let answered: Vec<&str> = given
+        .answers
+        .iter()
+        .filter_map(|(sent, _)| match formats::split_tool_call_id(sent) {
+            Some((run_id, _, call)) if run_id == run.id => Some(call),
+            Some(_) => None,
+            None => Some(sent.as_str()),
+        })
+        .collect();
+    match state.runtime.pause_answered(run.id, &answered).await? {
+        Some(pause) => Ok(Cursor::after(pause)),
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "run_not_waiting",
+            format!(
+                "the run is {} and waits for none of the answers sent",
+                run.status.as_str()
+            ),
+        )
+        .run(run.id, Some(run.status))),
+    }
+}
+
+/// The answers in the tool parts of a UI message: `output-available` → the output,
+/// `output-error` → the error, `approval-responded` → the decision.
+fn part_answers(parts: &[UiPart]) -> ClientAnswers {
+    let answers = parts
+        .iter()
+        .filter(|part| part.kind.starts_with("tool-") || part.kind == "dynamic-tool")
+        .filter_map(|part| {
+            let id = part.tool_call_id.clone()?;
+            let answer = match part.state.as_deref()? {
+                "output-available" => ActionAnswer::Output(part.output.clone()?),
+                "output-error" => ActionAnswer::Error(
+                    part.error_text
+                        .clone()
+                        .unwrap_or_else(|| "the tool failed".to_owned()),
+                ),
+                "approval-responded" | "output-denied" => {
+                    let approval = part.approval.as_ref()?;
+                    ActionAnswer::Approval {
+                        approve: approval.approved?,
+                        reason: approval.reason.clone(),
+                    }
+                }
+                _ => return None,
+            };
+            Some((id, answer))
+        })
+        .collect();
+    ClientAnswers { answers }
+}
+
+/// The run fields of a `/chat` or `/ag-ui` body (`field` names where they came from):
+/// checked as `POST /runs` checks its body, with `session_id` and `input` refused because the
+/// chat gives them.
+pub(super) fn run_fields(
+    fields: Map<String, Value>,
+    field: &str,
+) -> Result<CreateRunRequest, ApiError> {
+    for owned in ["session_id", "input"] {
+        if fields.contains_key(owned) {
+            return Err(invalid(
+                owned,
+                format!("`{owned}` is given by the chat, not by {field}"),
+            ));
+        }
+    }
+    serde_path_to_error::deserialize(Value::Object(fields))
+        .map_err(|error| ApiError::body_mismatch::<CreateRunRequest>(&error.to_string()))
+}
+
+/// The headers naming the run of a `/chat` answer: `X-Run-Id`, and `x-workflow-run-id` for
+/// `@workflow/ai`'s `WorkflowChatTransport`.
+fn run_id_headers(response: &mut Response, run_id: RunId) {
+    if let Ok(value) = HeaderValue::from_str(&run_id.to_string()) {
+        let headers = response.headers_mut();
+        headers.insert(HeaderName::from_static("x-run-id"), value.clone());
+        headers.insert(HeaderName::from_static("x-workflow-run-id"), value);
+    }
+}
+
+/// Send a `useChat` message (the AI SDK's `DefaultChatTransport`).
+///
+/// The body is what the transport sends: the chat `id` (the session, created with that id on
+/// first use), its `messages`, `trigger` and `messageId`, plus the transport's `body` keys as
+/// `POST /runs` fields. When the last message is the user's, its text starts a run in the
+/// chat's session; the answer is that run's UI message stream (`start` with `messageId` = the
+/// run id … `finish`, `[DONE]`). A run that calls a client tool or waits for an approval ends
+/// its stream with `finish` (`finishReason: "tool-calls"`); when the client posts again with
+/// the answers in the assistant message's tool parts (`addToolOutput`,
+/// `addToolApprovalResponse`, then `sendAutomaticallyWhen`), they are recorded and the answer
+/// is the stream of the run's continuation. Posting the same answers again streams that
+/// continuation again. `regenerate-message` has no behest equivalent (409).
+#[utoipa::path(post, path = "/chat", tag = "frontends",
+    params(ChatQuery),
+    request_body(content = ChatRequest, description = "`DefaultChatTransport`'s body and the transport's `body` keys (POST /runs fields)"),
+    responses(
+        (status = 200, description = "The AI SDK UI message stream (`x-vercel-ai-ui-message-stream: v1`): `id:` = the frame's cursor (`N` or `N.j`), `data:` = a UI message chunk, `data: [DONE]` at the end; `X-Run-Id` and `x-workflow-run-id` name the run",
+            content_type = "text/event-stream", body = String,
+            headers(("X-Run-Id" = String, description = "The run streamed"),
+                    ("x-workflow-run-id" = String, description = "The same, for `WorkflowChatTransport`"),
+                    ("x-vercel-ai-ui-message-stream" = String, description = "`v1`"))),
+        (status = 400, description = "`malformed_json`; `unknown_format` (`format` is not `ai-sdk` or `ai-sdk-v7`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`run_not_found`: the last message is an assistant message whose id is no run of this chat", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`regenerate_unsupported` (`trigger: regenerate-message`); `session_busy` (the chat has a run in progress, `run_id`); `run_not_waiting` (the assistant message answers a run that waits for none of its answers); `tool_call_answered`; `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`missing_field` (`messages` empty); `invalid_field` (`id` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~` or `.`/`..`; the last message neither a user message with text nor an assistant message; `session_id` or `input` among the run fields; a run field as `POST /runs` refuses it); `unknown_tool_call`, `missing_tool_calls` (every call of a kind the run waits for is answered at once); `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+        (status = 503, description = "`shutting_down`; `too_many_watchers`", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+    ))]
+pub async fn send_chat_message(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Query(query): Query<ChatQuery>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    // The format is checked before the body is read: a bad `?format=` is 400 whatever the body.
+    let format = query.format()?;
+    let Json(body) = Json::<ChatRequest>::from_request(request, &state).await?;
+    if body.trigger.as_deref() == Some("regenerate-message") {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "regenerate_unsupported",
+            "behest keeps a chat's history as it happened and cannot regenerate a message: \
+             send a new message instead",
+        )
+        .field("trigger"));
+    }
+    if let Some(trigger) = body.trigger.as_deref()
+        && trigger != "submit-message"
+    {
+        return Err(invalid(
+            "trigger",
+            "must be `submit-message` or `regenerate-message`",
+        ));
+    }
+    let mut fields = run_fields(body.run, "the chat body")?;
+    let Some(last) = body.messages.last() else {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing_field",
+            "`messages` must hold at least the message to send",
+        )
+        .field("messages"));
+    };
+    let last: UiMessage = serde_json::from_value(last.clone()).map_err(|error| {
+        invalid(
+            "messages",
+            format!("the last message is not a UI message: {error}"),
+        )
+    })?;
+    let (session, new) = state
+        .runtime
+        .client_session("id", &body.id)
+        .await
+        .map_err(ApiError::from)?;
+    let answered = async {
+        match last.role.as_str() {
+            "user" => {
+                let text = last
+                    .parts
+                    .iter()
+                    .filter(|part| part.kind == "text")
+                    .filter_map(|part| part.text.as_deref())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                if text.trim().is_empty() {
+                    return Err(invalid(
+                        "messages",
+                        "the last user message has no text part with a non-whitespace character",
+                    ));
+                }
+                fields.session_id = Some(session.id.to_string());
+                fields.input = Some(text);
+                let permit = state.limits.open_watcher(caller)?;
+                let created = runs::start_run(&state, caller, &headers, fields).await?;
+                let mut response = formats::stream(&state, &created.record, format, None, permit);
+                run_id_headers(&mut response, created.record.id);
+                Ok(response)
+            }
+            "assistant" => {
+                let raw = if last.id.is_empty() {
+                    body.message_id.clone().unwrap_or_default()
+                } else {
+                    last.id.clone()
+                };
+                let run = chat_run(&state, &session, &raw).await?;
+                let given = part_answers(&last.parts);
+                let after = answer_pause(&state, &run, &given, "messages").await?;
+                let permit = state.limits.open_watcher(caller)?;
+                let run = runs::load_run(&state, &run.id.to_string()).await?;
+                let mut response = formats::stream(&state, &run, format, Some(after), permit);
+                run_id_headers(&mut response, run.id);
+                Ok(response)
+            }
+            other => Err(invalid(
+                "messages",
+                format!(
+                    "the last message is a `{other}` message: send a user message, or the \
+                     assistant message of a run waiting for tool outputs or approvals"
+                ),
+            )),
+        }
+    }
+    .await;
+    if answered.is_err() && new {
+        forget_new_session(&state, &session).await;
+    }
+    answered
+}
+
+/// Deletes a session this request created for a client's id when the request then failed
+/// before a run was stored in it: a refused first message leaves no record behind.
+pub(super) async fn forget_new_session(state: &AppState, session: &Session) {
+    if let Ok(None) = state.runtime.latest_run(session.id).await
+        && let Err(error) = state.runtime.store().delete_session(session.id).await
+    {
+        tracing::warn!(session_id = %session.id, %error, "a session made for a refused request was not deleted");
+    }
+}
+
+/// The run of `session` whose id is `raw` (a UI assistant message id).
+async fn chat_run(state: &AppState, session: &Session, raw: &str) -> Result<RunRecord, ApiError> {
+    let run = runs::load_run(state, raw).await?;
+    if run.session_id != session.id {
+        return Err(ApiError::run_not_found(raw));
+    }
+    Ok(run)
+}
+
+/// The session a client's id names, without creating one.
+async fn find_session(state: &AppState, id: &str) -> Result<Option<Session>, ApiError> {
+    if let Ok(own) = id.parse()
+        && let Some(session) = state.runtime.store().get_session(own).await?
+    {
+        return Ok(Some(session));
+    }
+    Ok(state.runtime.store().session_by_external_id(id).await?)
+}
+
+/// Resume a chat's stream (`useChat({ resume: true })`, `chat.resumeStream()`).
+///
+/// `204` when the chat has no run in progress (none, finished, or paused for the client's
+/// answers: its stream ended at the pause) or is unknown; else the run's whole UI message
+/// stream from its start, then live. The AI SDK's transport keeps no cursor and treats a resumed
+/// stream as a full replay (`resumeStreamIsReplay`, the default): its `start` chunk (the same
+/// message id) rebuilds the interrupted message. A client that kept its state can continue
+/// exactly instead with `GET /runs/{run_id}/events?format=ai-sdk` and `Last-Event-ID`.
+#[utoipa::path(get, path = "/chat/{chat_id}/stream", tag = "frontends",
+    params(("chat_id" = String, Path, description = "The chat id (`POST /chat`'s `id`)"), ChatQuery),
+    responses(
+        (status = 200, description = "The run's UI message stream from its start, then live", content_type = "text/event-stream", body = String,
+            headers(("X-Run-Id" = String, description = "The run streamed"))),
+        (status = 204, description = "Nothing to resume: no run in progress"),
+        (status = 400, description = "`unknown_format`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`run_events_expired`", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`shutting_down`; `too_many_watchers`", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
+    ))]
+pub async fn resume_chat_stream(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(chat_id): Path<String>,
+    Query(query): Query<ChatQuery>,
+) -> Result<Response, ApiError> {
+    let format = query.format()?;
+    let Some(session) = find_session(&state, &chat_id).await? else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let Some(run) = state.runtime.latest_run(session.id).await? else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    if !in_progress(&run) {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let mut response = formats::respond(&state, caller, &run, format, None).await?;
+    run_id_headers(&mut response, run.id);
+    Ok(response)
+}
+
+/// Stop a chat's run (what `useChat`'s `stop()` cannot do: it only drops the connection).
+///
+/// Cancels the chat's run in progress or paused for the client, as
+/// `POST /runs/{run_id}/cancel` does (`202` and the run; its stream ends with `abort`,
+/// `finish`). `204` when the chat has no such run (it ended already: stopping is idempotent).
+///
+/// ```js
+/// const { stop } = useChat({ id });
+/// const stopRun = () => { stop(); fetch(`/chat/${id}/stop`, { method: "POST" }); };
+/// ```
+#[utoipa::path(post, path = "/chat/{chat_id}/stop", tag = "frontends",
+    params(("chat_id" = String, Path, description = "The chat id (`POST /chat`'s `id`)")),
+    responses(
+        (status = 202, description = "Cancellation requested; the run as it is now", body = RunRecord),
+        (status = 204, description = "The chat has no run to stop"),
+        (status = 400, description = "`unexpected_body`: the request has a body (this route takes none)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`session_not_found`: no chat has this id", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn stop_chat(
+    State(state): State<AppState>,
+    Path(chat_id): Path<String>,
+    _: NoBody,
+) -> Result<Response, ApiError> {
+    let Some(session) = find_session(&state, &chat_id).await? else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "session_not_found",
+            format!("no chat has the id `{chat_id}`"),
+        ));
+    };
+    let run = state.runtime.latest_run(session.id).await?;
+    let Some(run) = run.filter(|run| !run.status.is_terminal()) else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    match state.runtime.cancel_run(run.id).await? {
+        Some(crate::runtime::CancelOutcome::Cancelling(record)) => {
+            Ok((StatusCode::ACCEPTED, axum::Json(record)).into_response())
+        }
+        _ => Ok(StatusCode::NO_CONTENT.into_response()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{ActionAnswer, UiPart, part_answers};
+    use crate::domain::RunId;
+
+    fn parts(value: serde_json::Value) -> Vec<UiPart> {
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// Only answered tool parts count; a namespaced id answers its own run's call only, the
+    /// latest part for a call wins, and a plain id (a client that kept behest's) is accepted.
+    #[test]
+    fn tool_parts_become_answers_by_namespaced_call_id() {
+        let run = RunId::new();
+        let other = RunId::new();
+        let answers = part_answers(&parts(json!([
+            {"type": "step-start"},
+            {"type": "text", "text": "hi"},
+            {"type": "tool-get_location", "toolCallId": format!("{run}:1:call_1"),
+             "state": "output-available", "input": {}, "output": {"city": "Lyon"}},
+            {"type": "tool-get_location", "toolCallId": format!("{run}:2:call_1"),
+             "state": "output-available", "input": {}, "output": null},
+            {"type": "tool-get_weather", "toolCallId": format!("{other}:1:call_2"),
+             "state": "output-error", "input": {}, "errorText": "down"},
+            {"type": "tool-current_time", "toolCallId": "call_3", "state": "approval-responded",
+             "input": {}, "approval": {"id": "call_3", "approved": false, "reason": "no"}},
+            {"type": "tool-current_time", "toolCallId": format!("{run}:2:call_4"),
+             "state": "input-available", "input": {}},
+            {"type": "dynamic-tool", "toolName": "search", "toolCallId": format!("{run}:2:call_5"),
+             "state": "output-available", "input": {}, "output": "found"}
+        ])));
+        assert_eq!(
+            answers.find(run, "call_1"),
+            Some(&ActionAnswer::Output(json!(null)))
+        );
+        assert_eq!(answers.find(run, "call_2"), None, "another run's call");
+        assert_eq!(
+            answers.find(other, "call_2"),
+            Some(&ActionAnswer::Error("down".to_owned()))
+        );
+        assert_eq!(
+            answers.find(run, "call_3"),
+            Some(&ActionAnswer::Approval {
+                approve: false,
+                reason: Some("no".to_owned())
+            })
+        );
+        assert_eq!(answers.find(run, "call_4"), None, "not answered yet");
+        assert_eq!(
+            answers.find(run, "call_5"),
+            Some(&ActionAnswer::Output(json!("found")))
+        );
+    }
+
+    #[test]
+    fn client_ids_are_bounded_and_plain() {
+        use crate::domain::is_external_id;
+        for good in [
+            "Xk3q9ZpLmN0aBcDe",
+            "0b7e2a0c-5d0f-4b7e-9a43-1f7f3c1a2b3c",
+            "a.b:c~d_e",
+            "...",
+        ] {
+            assert!(is_external_id(good), "{good}");
+        }
+        let long = "x".repeat(256);
+        for bad in ["", ".", "..", "a/b", "a b", "é", "a\u{0}", long.as_str()] {
+            assert!(!is_external_id(bad), "{bad:?}");
+        }
+        assert!(is_external_id(&"x".repeat(255)));
+    }
+}

@@ -1,0 +1,622 @@
+//! The folds on hand-written logs: a replay equals the live rendering byte for byte, and a
+//! resume at every frame id (inside multi-frame events too) gives exactly the rest, after an
+//! AG-UI prelude that a fresh verifier accepts.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
+
+use std::collections::HashSet;
+
+use chrono::Utc;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::domain::{
+    FinishReason, PendingToolCall, RequiredAction, SessionId, TokenUsage, ToolCall,
+};
+use crate::events::{
+    ContextBuilt, MessageCommitted, ModelStarted, ReasoningDelta, RunCompleted, RunResumed,
+    RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta, ToolCallStarted,
+    ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure, ToolSuccess,
+    UsageRecorded,
+};
+
+struct Log {
+    run: RunContext,
+    session_id: SessionId,
+    events: Vec<AgentEvent>,
+}
+
+impl Log {
+    fn new() -> Self {
+        let run_id = RunId::new();
+        let session_id = SessionId::new();
+        let mut log = Self {
+            run: RunContext {
+                run_id,
+                thread_id: session_id.to_string(),
+                ag_ui_run_id: run_id.to_string(),
+                client_tools: HashSet::from(["get_location".to_owned()]),
+                approval_tools: HashSet::from(["delete_file".to_owned()]),
+            },
+            session_id,
+            events: Vec::new(),
+        };
+        log.push(EventPayload::RunStarted(RunStarted {
+            session_id,
+            provider: "demo".to_owned(),
+            model: "demo".to_owned(),
+        }));
+        log.push(EventPayload::ContextBuilt(ContextBuilt {
+            message_count: 1,
+        }));
+        log
+    }
+
+    fn push(&mut self, payload: EventPayload) {
+        let sequence = self.events.len() as u64 + 1;
+        self.events.push(AgentEvent {
+            sequence,
+            run_id: self.run.run_id,
+            timestamp: Utc::now(),
+            trace_id: String::new(),
+            span_id: String::new(),
+            payload,
+        });
+    }
+
+    fn model(&mut self, iteration: u32) {
+        self.push(EventPayload::ModelStarted(ModelStarted {
+            provider: "demo".to_owned(),
+            model: "demo".to_owned(),
+            iteration,
+        }));
+    }
+
+    fn text(&mut self, text: &str) {
+        self.push(EventPayload::TextDelta(TextDelta {
+            delta: text.to_owned(),
+        }));
+    }
+
+    fn call(&mut self, id: &str, name: &str, args: &[&str]) {
+        self.push(EventPayload::ToolCallStarted(ToolCallStarted {
+            call_id: id.to_owned(),
+            tool_name: name.to_owned(),
+        }));
+        for piece in args {
+            self.push(EventPayload::ToolCallDelta(ToolCallDelta {
+                call_id: id.to_owned(),
+                delta: (*piece).to_owned(),
+            }));
+        }
+        self.push(EventPayload::ToolCallCompleted(ToolCallCompleted {
+            call: ToolCall {
+                id: id.to_owned(),
+                name: name.to_owned(),
+                arguments: serde_json::from_str(&args.concat()).unwrap_or(json!({})),
+                invalid_arguments: None,
+            },
+        }));
+    }
+
+    fn end_call(&mut self) {
+        self.push(EventPayload::UsageRecorded(UsageRecorded {
+            usage: TokenUsage::default(),
+        }));
+        self.push(EventPayload::AssistantMessageCommitted(MessageCommitted {
+            message_id: crate::domain::MessageId::new(),
+        }));
+    }
+
+    fn execute(&mut self, id: &str, name: &str, result: ToolExecutionResult) {
+        self.push(EventPayload::ToolExecutionStarted(ToolExecutionStarted {
+            call_id: id.to_owned(),
+            tool_name: name.to_owned(),
+        }));
+        self.answered(id, name, result);
+    }
+
+    fn answered(&mut self, id: &str, name: &str, result: ToolExecutionResult) {
+        self.push(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
+            call_id: id.to_owned(),
+            tool_name: name.to_owned(),
+            result,
+            duration_ms: 3,
+        }));
+        self.push(EventPayload::ToolMessageCommitted(MessageCommitted {
+            message_id: crate::domain::MessageId::new(),
+        }));
+    }
+
+    fn complete(&mut self, iterations: u32) {
+        self.push(EventPayload::RunCompleted(RunCompleted {
+            finish_reason: FinishReason::Stop,
+            iterations,
+        }));
+    }
+
+    fn pause(&mut self, id: &str, name: &str, kind: PendingKind) {
+        self.push(EventPayload::ToolCallsRequired(RequiredAction {
+            message_id: crate::domain::MessageId::new(),
+            tool_calls: vec![PendingToolCall {
+                call_id: id.to_owned(),
+                tool_name: name.to_owned(),
+                arguments: json!({}),
+                kind,
+            }],
+            expires_at: Utc::now(),
+        }));
+    }
+}
+
+fn ok(output: Value) -> ToolExecutionResult {
+    ToolExecutionResult::Success(ToolSuccess { output })
+}
+
+/// Reasoning, text, a server tool (the demo model's `call_1`), text again.
+fn server_tool_run() -> Log {
+    let mut log = Log::new();
+    log.model(1);
+    log.push(EventPayload::ReasoningDelta(ReasoningDelta {
+        delta: "think".to_owned(),
+    }));
+    log.text("Let me ");
+    log.text("check.");
+    log.call("call_1", "get_time", &["{\"tz\":", "\"UTC\"}"]);
+    log.end_call();
+    log.execute("call_1", "get_time", ok(json!("12:00")));
+    log.push(EventPayload::ContextBuilt(ContextBuilt {
+        message_count: 3,
+    }));
+    log.model(2);
+    log.text("It is ");
+    log.text("noon.");
+    log.call("call_1", "get_time", &["{}"]);
+    log.end_call();
+    log.execute(
+        "call_1",
+        "get_time",
+        ToolExecutionResult::Failure(ToolFailure {
+            error: "down".to_owned(),
+        }),
+    );
+    log.model(3);
+    log.text("Bye.");
+    log.end_call();
+    log.complete(3);
+    log
+}
+
+/// A client tool, then an approval that is rejected; each pause is a segment.
+fn paused_run() -> Log {
+    let mut log = Log::new();
+    log.model(1);
+    log.call("call_1", "get_location", &["{}"]);
+    log.end_call();
+    log.pause("call_1", "get_location", PendingKind::ClientTool);
+    log.answered("call_1", "get_location", ok(json!({"city": "Oslo"})));
+    log.model(2);
+    log.text("Deleting.");
+    log.call("call_1", "delete_file", &["{\"path\":\"a\"}"]);
+    log.end_call();
+    log.pause("call_1", "delete_file", PendingKind::Approval);
+    log.answered(
+        "call_1",
+        "delete_file",
+        ToolExecutionResult::Failure(ToolFailure {
+            error: "rejected by the user".to_owned(),
+        }),
+    );
+    log.model(3);
+    log.text("Not deleted.");
+    log.end_call();
+    log.complete(3);
+    log
+}
+
+/// A call cut off by a crash and made again.
+fn resumed_run() -> Log {
+    let mut log = Log::new();
+    log.model(1);
+    log.text("Half a sen");
+    log.push(EventPayload::RunResumed(RunResumed {
+        iteration: 1,
+        abandoned_after: Some(3),
+    }));
+    log.model(1);
+    log.text("A whole sentence.");
+    log.end_call();
+    log.complete(1);
+    log
+}
+
+/// `(id, data)` of every frame rendered after `after`, up to the end of the response.
+fn render<P: Projection>(
+    projection: P,
+    log: &Log,
+    after: Option<Cursor>,
+) -> Vec<(Option<String>, String)> {
+    let mut renderer = Renderer::new(projection, after);
+    let mut out = Vec::new();
+    for event in &log.events {
+        let rendered = renderer.render(event);
+        out.extend(rendered.frames.iter().map(parse));
+        if rendered.end {
+            out.extend(renderer.done().iter().map(parse));
+            break;
+        }
+    }
+    out
+}
+
+fn parse(bytes: &Bytes) -> (Option<String>, String) {
+    let text = std::str::from_utf8(bytes).unwrap();
+    let body = text.strip_suffix("\n\n").unwrap();
+    assert!(!body.contains('\r') && !body.contains("event:"), "{text}");
+    let mut id = None;
+    let mut data = None;
+    for line in body.split('\n') {
+        if let Some(rest) = line.strip_prefix("id: ") {
+            id = Some(rest.to_owned());
+        } else if let Some(rest) = line.strip_prefix("data: ") {
+            assert!(data.is_none(), "one data line: {text}");
+            data = Some(rest.to_owned());
+        } else {
+            panic!("unexpected line in {text}");
+        }
+    }
+    (id, data.unwrap())
+}
+
+/// Every segment of a full rendering: from the start, then after each segment's last frame.
+fn segments<P: Projection>(make: impl Fn() -> P, log: &Log) -> Vec<Vec<(Option<String>, String)>> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let segment = render(make(), log, after);
+        let last = segment.iter().rev().find_map(|(id, _)| id.clone());
+        if segment.is_empty() {
+            break;
+        }
+        all.push(segment);
+        match last {
+            Some(last) if last != log.events.len().to_string() => {
+                after = Some(Cursor::parse(&last, true).unwrap());
+            }
+            _ => break,
+        }
+    }
+    all
+}
+
+/// For every frame id of every segment: the resumed stream is the prelude (ids = the cursor)
+/// then exactly the frames after it in that segment. `check` sees what a reader reads: with
+/// `fresh`, a new reader per response (AG-UI's verifier); else one reader that kept its state
+/// (the AI SDK's), fed everything before the cut, then the resumed stream.
+fn every_cut_resumes_exactly<P: Projection>(
+    make: impl Fn() -> P,
+    log: &Log,
+    fresh: bool,
+    check: impl Fn(&[(Option<String>, String)]),
+) -> usize {
+    let mut cuts = 0;
+    let mut history: Vec<(Option<String>, String)> = Vec::new();
+    for segment in segments(&make, log) {
+        if fresh {
+            check(&segment);
+        }
+        // After a segment's last frame comes the next segment (checked as a whole).
+        let last = segment.iter().rposition(|(id, _)| id.is_some()).unwrap();
+        for (index, (id, _)) in segment.iter().enumerate().take(last) {
+            let Some(id) = id else { continue };
+            let cursor = Cursor::parse(id, true).unwrap();
+            let resumed = render(make(), log, Some(cursor));
+            let rest = &segment[index + 1..];
+            let prelude = resumed.len() - rest.len();
+            assert_eq!(&resumed[prelude..], rest, "resumed at {id}");
+            assert!(
+                resumed[..prelude]
+                    .iter()
+                    .all(|(pid, _)| pid.as_ref() == Some(id))
+            );
+            if fresh {
+                check(&resumed);
+            } else {
+                let mut read = history.clone();
+                read.extend_from_slice(&segment[..=index]);
+                read.extend(resumed);
+                check(&read);
+            }
+            cuts += 1;
+        }
+        history.extend(segment);
+    }
+    if !fresh {
+        check(&history);
+    }
+    cuts
+}
+
+/// The rules `processUIMessageStream` enforces that a stream can break on its own: deltas and
+/// ends need an open start with that id.
+fn check_ai_sdk(frames: &[(Option<String>, String)]) {
+    let mut open: HashSet<String> = HashSet::new();
+    let mut tools: HashSet<String> = HashSet::new();
+    for (_, data) in frames {
+        if data == "[DONE]" {
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        let kind = chunk["type"].as_str().unwrap();
+        let id = chunk["id"].as_str().unwrap_or_default().to_owned();
+        let call = chunk["toolCallId"].as_str().unwrap_or_default().to_owned();
+        match kind {
+            "text-start" | "reasoning-start" => assert!(open.insert(id), "{data}"),
+            "text-delta" | "reasoning-delta" => assert!(open.contains(&id), "{data}"),
+            "text-end" | "reasoning-end" => assert!(open.remove(&id), "{data}"),
+            "tool-input-start" => {
+                tools.insert(call);
+            }
+            "tool-input-delta" => assert!(tools.contains(&call), "{data}"),
+            "tool-input-available" | "tool-input-error" => {
+                tools.insert(call);
+            }
+            "tool-output-available"
+            | "tool-output-error"
+            | "tool-output-denied"
+            | "tool-approval-request" => {
+                assert!(tools.contains(&call), "{data}");
+                assert!(split_tool_call_id(&call).is_some(), "{data}");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A fresh client's `verifyEvents` (the rules of `@ag-ui/client` 1.0 it could break):
+/// `RUN_STARTED` first, starts for ids not open, contents and ends for open ones, nothing
+/// open at `RUN_FINISHED`, nothing but `RUN_STARTED` after it.
+fn check_ag_ui(frames: &[(Option<String>, String)]) {
+    let mut running = false;
+    let mut open: HashSet<(String, String)> = HashSet::new();
+    for (index, (_, data)) in frames.iter().enumerate() {
+        let event: Value = serde_json::from_str(data).unwrap();
+        let kind = event["type"].as_str().unwrap().to_owned();
+        if index == 0 {
+            assert!(
+                kind == "RUN_STARTED" || kind == "RUN_ERROR",
+                "first: {data}"
+            );
+        }
+        let key = |field: &str, family: &str| {
+            (family.to_owned(), event[field].as_str().unwrap().to_owned())
+        };
+        match kind.as_str() {
+            "RUN_STARTED" => {
+                assert!(!running, "{data}");
+                running = true;
+            }
+            "RUN_FINISHED" => {
+                assert!(running && open.is_empty(), "{data} with {open:?}");
+                running = false;
+            }
+            "RUN_ERROR" => running = false,
+            _ => assert!(running, "{data} outside a run"),
+        }
+        let (family, field, action) = match kind.as_str() {
+            "STEP_STARTED" => ("step", "stepName", 1),
+            "STEP_FINISHED" => ("step", "stepName", -1),
+            "TEXT_MESSAGE_START" => ("text", "messageId", 1),
+            "TEXT_MESSAGE_CONTENT" => ("text", "messageId", 0),
+            "TEXT_MESSAGE_END" => ("text", "messageId", -1),
+            "REASONING_START" => ("span", "messageId", 1),
+            "REASONING_END" => ("span", "messageId", -1),
+            "REASONING_MESSAGE_START" => ("reasoning", "messageId", 1),
+            "REASONING_MESSAGE_CONTENT" => ("reasoning", "messageId", 0),
+            "REASONING_MESSAGE_END" => ("reasoning", "messageId", -1),
+            "TOOL_CALL_START" => ("call", "toolCallId", 1),
+            "TOOL_CALL_ARGS" => ("call", "toolCallId", 0),
+            "TOOL_CALL_END" => ("call", "toolCallId", -1),
+            _ => continue,
+        };
+        let key = key(field, family);
+        match action {
+            1 => assert!(open.insert(key), "{data} already open"),
+            0 => assert!(open.contains(&key), "{data} not open"),
+            _ => assert!(open.remove(&key), "{data} not open"),
+        }
+        if kind.ends_with("_CONTENT") || kind == "TOOL_CALL_ARGS" {
+            assert!(!event["delta"].as_str().unwrap().is_empty(), "{data}");
+        }
+    }
+}
+
+#[test]
+fn a_replay_is_the_live_rendering_byte_for_byte() {
+    let log = server_tool_run();
+    for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
+        let live = render(AiSdk::new(log.run.clone(), dialect), &log, None);
+        assert_eq!(
+            live,
+            render(AiSdk::new(log.run.clone(), dialect), &log, None)
+        );
+    }
+    let live = render(AgUi::new(log.run.clone()), &log, None);
+    assert_eq!(live, render(AgUi::new(log.run.clone()), &log, None));
+}
+
+#[test]
+fn the_ai_sdk_stream_of_a_server_tool_run() {
+    let log = server_tool_run();
+    let frames = render(AiSdk::new(log.run.clone(), AiSdkDialect::V6), &log, None);
+    check_ai_sdk(&frames);
+    let types: Vec<String> = frames
+        .iter()
+        .map(|(_, data)| {
+            serde_json::from_str::<Value>(data)
+                .map_or(data.clone(), |v| v["type"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    assert_eq!(types.first().map(String::as_str), Some("start"));
+    assert_eq!(&types[types.len() - 2..], ["finish", "[DONE]"]);
+    assert_eq!(frames.last().unwrap().0, None, "[DONE] has no id");
+    // Two calls named `call_1` by the provider get two ids.
+    let first = tool_call_id(log.run.run_id, 1, "call_1");
+    let second = tool_call_id(log.run.run_id, 2, "call_1");
+    assert!(
+        frames
+            .iter()
+            .any(|(_, d)| d.contains(&first) && d.contains("tool-output-available"))
+    );
+    assert!(
+        frames
+            .iter()
+            .any(|(_, d)| d.contains(&second) && d.contains("tool-output-error"))
+    );
+    assert!(
+        frames
+            .iter()
+            .any(|(_, d)| d.contains("\"providerExecuted\":true"))
+    );
+    assert_eq!(
+        split_tool_call_id(&second),
+        Some((log.run.run_id, 2, "call_1"))
+    );
+    // The reasoning delta (seq 4) opens r4 and text-start closes it first: 4 → 2 frames.
+    let ids: Vec<&str> = frames.iter().filter_map(|(id, _)| id.as_deref()).collect();
+    assert!(
+        ids.contains(&"5.1") && ids.contains(&"5.2") && ids.contains(&"5"),
+        "{ids:?}"
+    );
+}
+
+#[test]
+fn every_cut_of_every_ai_sdk_stream_resumes_exactly() {
+    for log in [server_tool_run(), paused_run(), resumed_run()] {
+        for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
+            let cuts = every_cut_resumes_exactly(
+                || AiSdk::new(log.run.clone(), dialect),
+                &log,
+                false,
+                check_ai_sdk,
+            );
+            assert!(cuts > 10, "{cuts}");
+        }
+    }
+}
+
+#[test]
+fn every_cut_of_every_ag_ui_stream_resumes_exactly_after_a_prelude_the_verifier_accepts() {
+    for log in [server_tool_run(), paused_run(), resumed_run()] {
+        let cuts =
+            every_cut_resumes_exactly(|| AgUi::new(log.run.clone()), &log, true, check_ag_ui);
+        assert!(cuts > 10, "{cuts}");
+    }
+}
+
+#[test]
+fn a_pause_ends_the_segment_and_the_next_opens_with_the_same_ids() {
+    let log = paused_run();
+    let ai = segments(|| AiSdk::new(log.run.clone(), AiSdkDialect::V7), &log);
+    assert_eq!(ai.len(), 3, "{ai:#?}");
+    let run_id = log.run.run_id.to_string();
+    for segment in &ai {
+        let start: Value = serde_json::from_str(&segment[0].1).unwrap();
+        assert_eq!(
+            (start["type"].as_str(), start["messageId"].as_str()),
+            (Some("start"), Some(run_id.as_str()))
+        );
+        assert_eq!(segment.last().unwrap().1, "[DONE]");
+    }
+    // The rejected approval reads as denied, and ai 7 also gets the decision.
+    let second = ai[2]
+        .iter()
+        .map(|(_, d)| d.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        second.contains("tool-output-denied") && second.contains("\"approved\":false"),
+        "{second}"
+    );
+    let v6: String = segments(|| AiSdk::new(log.run.clone(), AiSdkDialect::V6), &log)
+        .concat()
+        .iter()
+        .map(|(_, d)| d.clone())
+        .collect();
+    assert!(!v6.contains("tool-approval-response") && !v6.contains("interrupted"));
+
+    let ag = segments(|| AgUi::new(log.run.clone()), &log);
+    assert_eq!(ag.len(), 3);
+    let first_end: Value = serde_json::from_str(&ag[0].last().unwrap().1).unwrap();
+    assert_eq!(first_end["outcome"]["type"], "success");
+    assert_eq!(
+        first_end["outcome"]["pendingToolCallIds"],
+        json!([tool_call_id(log.run.run_id, 1, "call_1")])
+    );
+    let second_end: Value = serde_json::from_str(&ag[1].last().unwrap().1).unwrap();
+    assert_eq!(
+        second_end["outcome"]["interrupts"][0]["reason"],
+        "tool_approval"
+    );
+    for segment in &ag {
+        let start: Value = serde_json::from_str(&segment[0].1).unwrap();
+        assert_eq!(start["runId"].as_str(), Some(run_id.as_str()));
+        assert_eq!(
+            start["threadId"].as_str(),
+            Some(log.session_id.to_string().as_str())
+        );
+    }
+}
+
+#[test]
+fn an_abandoned_call_is_reset_for_ai_7_and_flagged_for_the_others() {
+    let log = resumed_run();
+    let joined = |frames: Vec<(Option<String>, String)>| {
+        frames
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let v7 = joined(render(
+        AiSdk::new(log.run.clone(), AiSdkDialect::V7),
+        &log,
+        None,
+    ));
+    assert!(v7.contains("reset-step") && !v7.contains("data-behest-call-abandoned"));
+    let v6 = joined(render(
+        AiSdk::new(log.run.clone(), AiSdkDialect::V6),
+        &log,
+        None,
+    ));
+    assert!(!v6.contains("reset-step") && v6.contains("data-behest-call-abandoned"));
+    let ag = joined(render(AgUi::new(log.run.clone()), &log, None));
+    assert!(ag.contains("behest.call_abandoned"));
+}
+
+#[test]
+fn the_ag_ui_run_id_of_a_run_started_through_ag_ui_is_the_clients() {
+    let now = Utc::now();
+    let mut record: RunRecord = serde_json::from_value(json!({
+        "id": RunId::new(), "session_id": SessionId::new(), "status": "calling_model",
+        "provider": "p", "model": "m", "tool_choice": "auto", "metadata": {},
+        "iterations": 1, "total_usage": TokenUsage::default(), "max_iterations": 10,
+        "created_at": now, "updated_at": now,
+    }))
+    .unwrap();
+    let tools = ToolRegistry::default();
+    assert_eq!(
+        RunContext::new(&record, &tools).ag_ui_run_id,
+        record.id.to_string()
+    );
+    record.client_request_id = Some(format!("{AG_UI_RUN_PREFIX}client-run-7"));
+    assert_eq!(
+        RunContext::new(&record, &tools).ag_ui_run_id,
+        "client-run-7"
+    );
+    record.client_request_id = Some("plain-key".to_owned());
+    assert_eq!(
+        RunContext::new(&record, &tools).ag_ui_run_id,
+        record.id.to_string()
+    );
+}

@@ -1,0 +1,753 @@
+//! The web-frontend endpoints over HTTP against a real `behest serve` process on SQLite and
+//! PostgreSQL: `POST /chat` (the AI SDK's `DefaultChatTransport` body), `GET /chat/{id}/stream`,
+//! `POST /chat/{id}/stop`, and `POST /ag-ui` (AG-UI's `RunAgentInput`). These check the request
+//! side — the session made with the client's id, answers routed to the waiting run, a repeated
+//! answer streaming the continuation, 204/stop — and the frames' shape as far as it names the
+//! run; the projections themselves are tested with the real client libraries
+//! (`tests/frontends/`).
+
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::support::db::{Backend, TestDb};
+use crate::support::fake_openai::{FakeOpenAi, Reply, chunk};
+use crate::support::process::{ServerProcess, ToolServer, config_toml};
+
+/// The built-in model as `demo`/`demo` (fast tokens) with the built-in `current_time` tool.
+const DEMO_CONFIG: &str = "builtin_tools = [\"current_time\"]\n\
+    [runtime]\nmax_iterations = 5\n\
+    [providers.demo]\nkind = \"scripted\"\ntoken_delay_ms = 1\n\
+    [providers.demo.models.demo]\ncontext_window = 32768\nmax_output_tokens = 4096\n";
+
+/// A `useChat`-style chat id (16-character nanoid) and an `HttpAgent` thread id (uuid v4).
+const CHAT_ID: &str = "Xk3q9ZpLmN0aBcDe";
+
+/// One SSE response read to its end: status, headers, `(id, data)` of each frame.
+struct Sse {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    frames: Vec<(String, String)>,
+    problem: Value,
+}
+
+impl Sse {
+    /// The JSON chunks (every `data:` but `[DONE]`).
+    fn chunks(&self) -> Vec<Value> {
+        self.frames
+            .iter()
+            .filter(|(_, data)| data != "[DONE]")
+            .map(|(_, data)| serde_json::from_str(data).expect("a JSON chunk"))
+            .collect()
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn of_type(&self, kind: &str) -> Vec<Value> {
+        self.chunks()
+            .into_iter()
+            .filter(|chunk| chunk["type"] == kind)
+            .collect()
+    }
+}
+
+async fn read(response: reqwest::Response) -> Sse {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    if status != 200 {
+        let problem = response.json().await.unwrap_or(Value::Null);
+        return Sse {
+            status,
+            headers,
+            frames: Vec::new(),
+            problem,
+        };
+    }
+    let mut events = response.bytes_stream().eventsource();
+    let mut frames = Vec::new();
+    let read_all = async {
+        while let Some(event) = events.next().await {
+            let event = event.expect("well-formed SSE");
+            frames.push((event.id, event.data));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read_all)
+        .await
+        .expect("the stream ends");
+    Sse {
+        status,
+        headers,
+        frames,
+        problem: Value::Null,
+    }
+}
+
+async fn post(server: &ServerProcess, path: &str, body: &Value) -> Sse {
+    let response = server
+        .client
+        .post(server.url(path))
+        .json(body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("POST");
+    read(response).await
+}
+
+fn user(text: &str) -> Value {
+    json!({"id": "u1", "role": "user", "parts": [{"type": "text", "text": text}]})
+}
+
+async fn demo_server(backend: Backend, name: &str) -> Option<(TestDb, ServerProcess)> {
+    let db = TestDb::new(backend).await?;
+    let server = ServerProcess::start(name, DEMO_CONFIG, &db.url).await;
+    Some((db, server))
+}
+
+/// A text run through `POST /chat`: the session is created with the chat's id and kept; the
+/// answer is the UI message stream of a run of that session; a second message lands in the
+/// same session; nothing is left to resume or stop; and the refusals are problems.
+async fn chat_keeps_the_client_id(backend: Backend) {
+    let Some((db, server)) = demo_server(backend, "chat-text").await else {
+        return;
+    };
+    let first = post(
+        &server,
+        "/chat",
+        &json!({"id": CHAT_ID, "messages": [user("Hello there")], "trigger": "submit-message",
+                "provider": "demo", "model": "demo"}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.problem);
+    assert_eq!(first.header("x-vercel-ai-ui-message-stream"), Some("v1"));
+    let run_id = first.header("x-run-id").expect("X-Run-Id").to_owned();
+    assert_eq!(first.header("x-workflow-run-id"), Some(run_id.as_str()));
+    let chunks = first.chunks();
+    assert_eq!(chunks[0]["type"], "start", "{chunks:?}");
+    assert_eq!(chunks[0]["messageId"], run_id.as_str());
+    assert_eq!(chunks.last().unwrap()["type"], "finish", "{chunks:?}");
+    assert_eq!(first.frames.last().unwrap().1, "[DONE]");
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "completed");
+    let session = server
+        .get_json(&format!(
+            "/sessions/{}",
+            run["session_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(session["external_id"], CHAT_ID);
+    let output = server.get_json(&format!("/runs/{run_id}/output")).await;
+    let streamed: String = first
+        .of_type("text-delta")
+        .iter()
+        .map(|c| c["delta"].as_str().unwrap().to_owned())
+        .collect();
+    let stored = output["messages"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(streamed, stored, "the streamed text is the run's output");
+
+    let second = post(
+        &server,
+        "/chat",
+        &json!({"id": CHAT_ID, "messages": [user("Hello there"), user("And again")],
+                "provider": "demo", "model": "demo"}),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.problem);
+    let second_run = server
+        .get_json(&format!("/runs/{}", second.header("x-run-id").unwrap()))
+        .await;
+    assert_eq!(second_run["session_id"], run["session_id"]);
+    let runs = server
+        .get_json(&format!(
+            "/runs?session_id={}",
+            run["session_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 2);
+
+    // Nothing in progress: nothing to resume, nothing to stop.
+    let resume = server
+        .client
+        .get(server.url(&format!("/chat/{CHAT_ID}/stream")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resume.status(), 204);
+    let unknown = server
+        .client
+        .get(server.url("/chat/neverSeenBefore1/stream"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        unknown.status(),
+        204,
+        "an unknown chat has nothing to resume"
+    );
+    assert_eq!(
+        server.post_empty(&format!("/chat/{CHAT_ID}/stop")).await.0,
+        204
+    );
+    let (status, problem) = server.post_empty("/chat/neverSeenBefore1/stop").await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (404, Some("session_not_found"))
+    );
+
+    // The refusals.
+    let bad = [
+        (
+            json!({"id": "not a chat id", "messages": [user("x")], "provider": "demo", "model": "demo"}),
+            422,
+            "invalid_field",
+            Some("id"),
+        ),
+        (
+            json!({"id": CHAT_ID, "messages": [{"id": "u", "role": "user", "parts": [
+                {"type": "file", "url": "data:,x", "mediaType": "text/plain"}]}],
+                   "provider": "demo", "model": "demo"}),
+            422,
+            "invalid_field",
+            Some("messages"),
+        ),
+        (
+            json!({"id": CHAT_ID, "messages": [], "provider": "demo", "model": "demo"}),
+            422,
+            "missing_field",
+            Some("messages"),
+        ),
+        (
+            json!({"id": CHAT_ID, "messages": [user("x")], "trigger": "regenerate-message",
+                   "messageId": run_id, "provider": "demo", "model": "demo"}),
+            409,
+            "regenerate_unsupported",
+            Some("trigger"),
+        ),
+        (
+            json!({"id": CHAT_ID, "messages": [user("x")], "provider": "demo", "model": "demo",
+                   "input": "sneaky"}),
+            422,
+            "invalid_field",
+            Some("input"),
+        ),
+        (
+            json!({"id": CHAT_ID, "messages": [user("x")], "provider": "demo", "model": "demo",
+                   "temperature": "hot"}),
+            422,
+            "invalid_body",
+            Some("temperature"),
+        ),
+        (
+            json!({"id": CHAT_ID, "messages": [user("x")], "provider": "nope"}),
+            422,
+            "unknown_provider",
+            Some("provider"),
+        ),
+    ];
+    for (body, status, code, field) in bad {
+        let answer = post(&server, "/chat", &body).await;
+        assert_eq!(answer.status, status, "{body}: {}", answer.problem);
+        assert_eq!(answer.problem["code"], code, "{body}: {}", answer.problem);
+        assert_eq!(answer.problem["field"].as_str(), field, "{body}");
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json")
+        );
+    }
+    // A refused first message of a new chat leaves no session behind.
+    let refused = post(
+        &server,
+        "/chat",
+        &json!({"id": "freshChat0000001", "messages": [user("x")], "provider": "nope"}),
+    )
+    .await;
+    assert_eq!(refused.status, 422, "{}", refused.problem);
+    let (status, problem) = server.post_empty("/chat/freshChat0000001/stop").await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (404, Some("session_not_found")),
+        "no session was kept for the refused chat"
+    );
+    let format = post(
+        &server,
+        "/chat?format=ag-ui",
+        &json!({"id": CHAT_ID, "messages": [user("x")], "provider": "demo", "model": "demo"}),
+    )
+    .await;
+    assert_eq!(
+        (format.status, format.problem["code"].as_str()),
+        (400, Some("unknown_format"))
+    );
+    // None of the refused requests started a run.
+    let runs = server
+        .get_json(&format!(
+            "/runs?session_id={}",
+            run["session_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 2);
+    db.cleanup().await;
+}
+
+/// A client tool through `/chat`: the stream pauses with `finish` (tool-calls); the assistant
+/// message posted back with the tool part's output answers the run, and the answer is the
+/// continuation; posting the same message again streams the same continuation (no 409).
+async fn chat_routes_client_tool_outputs(backend: Backend) {
+    let Some((db, server)) = demo_server(backend, "chat-tools").await else {
+        return;
+    };
+    let chat_id = "toolChat0000001";
+    let tools = json!([{"name": "get_location", "description": "Where the user is"}]);
+    let first = post(
+        &server,
+        "/chat?format=ai-sdk-v7",
+        &json!({"id": chat_id, "messages": [user("call get_location")],
+                "provider": "demo", "model": "demo", "tools": tools}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.problem);
+    let run_id = first.header("x-run-id").unwrap().to_owned();
+    let finish = first.of_type("finish");
+    assert_eq!(finish.len(), 1, "{:?}", first.chunks());
+    assert_eq!(finish[0]["finishReason"], "tool-calls");
+    let call = first.of_type("tool-input-available");
+    assert_eq!(call.len(), 1, "{:?}", first.chunks());
+    let tool_call_id = call[0]["toolCallId"].as_str().unwrap().to_owned();
+    assert!(
+        tool_call_id.starts_with(&format!("{run_id}:")),
+        "namespaced: {tool_call_id}"
+    );
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "requires_action");
+    let provider_call = run["required_action"]["tool_calls"][0]["call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // An answer that misses the waiting call is refused, and records nothing.
+    let wrong = post(
+        &server,
+        "/chat?format=ai-sdk-v7",
+        &json!({"id": chat_id, "messages": [user("call get_location"), {
+            "id": run_id, "role": "assistant", "parts": [
+                {"type": "step-start"},
+                {"type": "tool-get_location", "toolCallId": format!("{run_id}:1:nope"),
+                 "state": "output-available", "input": {}, "output": "x"}]}],
+            "trigger": "submit-message", "messageId": run_id}),
+    )
+    .await;
+    assert_eq!(wrong.status, 409, "{}", wrong.problem);
+    assert_eq!(wrong.problem["code"], "run_not_waiting");
+    assert_eq!(
+        server.get_json(&format!("/runs/{run_id}")).await["status"],
+        "requires_action"
+    );
+
+    let answered = json!({"id": chat_id, "messages": [user("call get_location"), {
+        "id": run_id, "role": "assistant", "parts": [
+            {"type": "step-start"},
+            {"type": "tool-get_location", "toolCallId": tool_call_id,
+             "state": "output-available", "input": {}, "output": {"city": "Paris"}}]}],
+        "trigger": "submit-message", "messageId": run_id});
+    let continued = post(&server, "/chat?format=ai-sdk-v7", &answered).await;
+    assert_eq!(continued.status, 200, "{}", continued.problem);
+    assert_eq!(continued.header("x-run-id"), Some(run_id.as_str()));
+    let chunks = continued.chunks();
+    assert_eq!(chunks[0]["type"], "start", "{chunks:?}");
+    assert_eq!(chunks[0]["messageId"], run_id.as_str());
+    assert!(
+        continued.of_type("tool-input-available").is_empty(),
+        "the continuation starts after the pause: {chunks:?}"
+    );
+    assert_eq!(continued.of_type("finish")[0]["finishReason"], "stop");
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "completed");
+    let session = run["session_id"].as_str().unwrap();
+    let messages = server
+        .get_json(&format!("/sessions/{session}/messages"))
+        .await;
+    let tool_message = messages["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool output is in the history")
+        .clone();
+    assert_eq!(tool_message["tool_call_id"], provider_call.as_str());
+    assert!(tool_message.to_string().contains("Paris"), "{tool_message}");
+
+    // The same post again: the same continuation, no 409.
+    let again = post(&server, "/chat?format=ai-sdk-v7", &answered).await;
+    assert_eq!(again.status, 200, "{}", again.problem);
+    assert_eq!(again.frames, continued.frames);
+    db.cleanup().await;
+}
+
+/// An approval through `/chat`: `approval-responded` parts approve the waiting call.
+async fn chat_routes_approvals(backend: Backend) {
+    let Some((db, server)) = demo_server(backend, "chat-approval").await else {
+        return;
+    };
+    let chat_id = "approvalChat001";
+    let first = post(
+        &server,
+        "/chat",
+        &json!({"id": chat_id, "messages": [user("What time is it?")],
+                "provider": "demo", "model": "demo", "approval": ["current_time"]}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.problem);
+    let run_id = first.header("x-run-id").unwrap().to_owned();
+    let request = first.of_type("tool-approval-request");
+    assert_eq!(request.len(), 1, "{:?}", first.chunks());
+    let tool_call_id = request[0]["toolCallId"].as_str().unwrap().to_owned();
+    let approval_id = request[0]["approvalId"].as_str().unwrap().to_owned();
+    let answered = json!({"id": chat_id, "messages": [user("What time is it?"), {
+        "id": run_id, "role": "assistant", "parts": [
+            {"type": "step-start"},
+            {"type": "tool-current_time", "toolCallId": tool_call_id, "state": "approval-responded",
+             "input": {}, "approval": {"id": approval_id, "approved": true}}]}],
+        "trigger": "submit-message", "messageId": run_id});
+    let continued = post(&server, "/chat", &answered).await;
+    assert_eq!(continued.status, 200, "{}", continued.problem);
+    assert_eq!(
+        continued.of_type("tool-output-available").len(),
+        1,
+        "the approved tool ran: {:?}",
+        continued.chunks()
+    );
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "completed");
+    db.cleanup().await;
+}
+
+/// A run in progress: `GET /chat/{id}/stream` replays it from its start; `POST
+/// /chat/{id}/stop` cancels it and the replayed stream ends; then there is nothing to resume.
+async fn chat_resume_and_stop(backend: Backend) {
+    let Some(db) = TestDb::new(backend).await else {
+        return;
+    };
+    let provider = FakeOpenAi::start().await;
+    let mut held = chunk(json!({"role": "assistant", "content": ""}), None);
+    held.push_str(&chunk(json!({"content": "Hel"}), None));
+    provider.push(Reply::stall_after(held.as_bytes()));
+    let tools = ToolServer::start().await;
+    let server = ServerProcess::start(
+        "chat-stop",
+        &config_toml(&provider.base_url(), &tools, ""),
+        &db.url,
+    )
+    .await;
+    let chat_id = "stopChat0000001";
+    let response = server
+        .client
+        .post(server.url("/chat"))
+        .json(
+            &json!({"id": chat_id, "messages": [user("hi")], "provider": "fake",
+                      "model": "fake-model"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let run_id = response.headers()["x-run-id"].to_str().unwrap().to_owned();
+    // Wait until the run streams its held text.
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        let run = server.get_json(&format!("/runs/{run_id}")).await;
+        status = run["status"].clone();
+        if status == "calling_model" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, "calling_model");
+    drop(response);
+    let resumed = server
+        .client
+        .get(server.url(&format!("/chat/{chat_id}/stream")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    assert_eq!(resumed.headers()["x-run-id"].to_str().unwrap(), run_id);
+    let reader = tokio::spawn(read(resumed));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, record) = server.post_empty(&format!("/chat/{chat_id}/stop")).await;
+    assert_eq!(status, 202, "{record}");
+    assert_eq!(record["id"], run_id.as_str());
+    let replay = reader.await.unwrap();
+    let chunks = replay.chunks();
+    assert_eq!(chunks[0]["type"], "start", "a full replay: {chunks:?}");
+    assert_eq!(chunks[0]["messageId"], run_id.as_str());
+    assert!(
+        replay
+            .of_type("text-delta")
+            .iter()
+            .any(|c| c["delta"] == "Hel"),
+        "{chunks:?}"
+    );
+    assert_eq!(replay.of_type("abort").len(), 1, "{chunks:?}");
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "cancelled");
+    let after = server
+        .client
+        .get(server.url(&format!("/chat/{chat_id}/stream")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 204);
+    assert_eq!(
+        server.post_empty(&format!("/chat/{chat_id}/stop")).await.0,
+        204
+    );
+    db.cleanup().await;
+}
+
+fn thread_message(text: &str) -> Value {
+    json!({"id": "m-user", "role": "user", "content": text})
+}
+
+/// `POST /ag-ui`: the thread's uuid becomes the session's external id, the client's runId is
+/// kept and echoed, frontend tools are the run's client tools, a `tool` message answers the
+/// pause, `resume[]` answers an approval interrupt, and a repeated answer streams the same
+/// continuation.
+async fn ag_ui_runs_and_answers(backend: Backend) {
+    let Some((db, server)) = demo_server(backend, "ag-ui").await else {
+        return;
+    };
+    let thread_id = uuid::Uuid::new_v4().to_string();
+    let run_id = uuid::Uuid::new_v4().to_string();
+    let tools = json!([{"name": "get_location", "description": "Where the user is",
+                        "parameters": {"type": "object", "properties": {}}}]);
+    let first = post(
+        &server,
+        "/ag-ui",
+        &json!({"threadId": thread_id, "runId": run_id, "state": {"ignored": true},
+                "context": [{"description": "The user's city", "value": "Lyon"}],
+                "messages": [thread_message("call get_location")], "tools": tools,
+                "forwardedProps": {"provider": "demo", "model": "demo",
+                                   "instructions": "Answer briefly."}}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.problem);
+    let behest_run = first.header("x-run-id").unwrap().to_owned();
+    let events = first.chunks();
+    assert_eq!(events[0]["type"], "RUN_STARTED", "{events:?}");
+    assert_eq!(events[0]["runId"], run_id.as_str());
+    let finished = first.of_type("RUN_FINISHED");
+    assert_eq!(finished.len(), 1, "{events:?}");
+    let pending = finished[0]["outcome"]["pendingToolCallIds"].clone();
+    let tool_call_id = pending[0].as_str().expect("a pending call").to_owned();
+    let record = server.get_json(&format!("/runs/{behest_run}")).await;
+    assert_eq!(record["status"], "requires_action");
+    assert_eq!(record["client_request_id"], format!("ag-ui:{run_id}"));
+    assert_eq!(
+        record["instructions"],
+        "Answer briefly.\n\nContext:\n- The user's city: Lyon"
+    );
+    let client_tools: Vec<&str> = record["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert_eq!(client_tools, ["get_location"], "{}", record["tools"]);
+    let session = server
+        .get_json(&format!(
+            "/sessions/{}",
+            record["session_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(session["external_id"], thread_id.as_str());
+
+    let answer = json!({"threadId": thread_id, "runId": uuid::Uuid::new_v4().to_string(),
+        "messages": [thread_message("call get_location"),
+            {"id": "a1", "role": "assistant", "toolCalls": [{"id": tool_call_id, "type": "function",
+              "function": {"name": "get_location", "arguments": "{}"}}]},
+            {"id": "t1", "role": "tool", "toolCallId": tool_call_id, "content": "Paris"}],
+        "tools": tools, "context": [], "state": {}});
+    let continued = post(&server, "/ag-ui", &answer).await;
+    assert_eq!(continued.status, 200, "{}", continued.problem);
+    let events = continued.chunks();
+    assert_eq!(events[0]["type"], "RUN_STARTED", "{events:?}");
+    assert_eq!(
+        continued.of_type("RUN_FINISHED")[0]["outcome"]["type"],
+        "success"
+    );
+    let record = server.get_json(&format!("/runs/{behest_run}")).await;
+    assert_eq!(record["status"], "completed");
+    let messages = server
+        .get_json(&format!(
+            "/sessions/{}/messages",
+            record["session_id"].as_str().unwrap()
+        ))
+        .await;
+    let tool_message = messages["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool output is in the history")
+        .clone();
+    assert!(tool_message.to_string().contains("Paris"), "{tool_message}");
+    let again = post(&server, "/ag-ui", &answer).await;
+    assert_eq!(again.status, 200, "{}", again.problem);
+    assert_eq!(again.frames, continued.frames);
+
+    // An approval, answered through resume[].
+    let second_run = uuid::Uuid::new_v4().to_string();
+    let asked = post(
+        &server,
+        "/ag-ui",
+        &json!({"threadId": thread_id, "runId": second_run,
+                "messages": [thread_message("What time is it?")], "tools": [], "context": [],
+                "forwardedProps": {"provider": "demo", "model": "demo", "approval": ["current_time"]}}),
+    )
+    .await;
+    assert_eq!(asked.status, 200, "{}", asked.problem);
+    let finished = asked.of_type("RUN_FINISHED");
+    assert_eq!(
+        finished[0]["outcome"]["type"],
+        "interrupt",
+        "{:?}",
+        asked.chunks()
+    );
+    let interrupt = finished[0]["outcome"]["interrupts"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let interrupted_call = finished[0]["outcome"]["interrupts"][0]["toolCallId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let approved = post(
+        &server,
+        "/ag-ui",
+        &json!({"threadId": thread_id, "runId": uuid::Uuid::new_v4().to_string(),
+                "messages": [thread_message("What time is it?"),
+                    {"id": "a2", "role": "assistant", "toolCalls": [{"id": interrupted_call,
+                      "type": "function", "function": {"name": "current_time", "arguments": "{}"}}]}],
+                "tools": [], "context": [],
+                "resume": [{"interruptId": interrupt, "status": "resolved",
+                            "payload": {"approved": true}}]}),
+    )
+    .await;
+    assert_eq!(approved.status, 200, "{}", approved.problem);
+    assert!(
+        approved
+            .of_type("TOOL_CALL_RESULT")
+            .iter()
+            .any(|e| e["toolCallId"] == interrupted_call.as_str()),
+        "the approved tool ran: {:?}",
+        approved.chunks()
+    );
+    // The refusals.
+    for (body, code, field) in [
+        (
+            json!({"threadId": "bad thread", "runId": "r", "messages": [thread_message("x")]}),
+            "invalid_field",
+            "threadId",
+        ),
+        (
+            json!({"threadId": thread_id, "runId": "", "messages": [thread_message("x")]}),
+            "invalid_field",
+            "runId",
+        ),
+        (
+            json!({"threadId": thread_id, "runId": "r2", "messages": [thread_message("x")],
+                   "forwardedProps": {"input": "sneaky"}}),
+            "invalid_field",
+            "input",
+        ),
+        (
+            json!({"threadId": "fresh-thread-1", "runId": "r3", "messages": [thread_message("x")],
+                   "forwardedProps": {"provider": "demo", "model": "demo", "temperature": 9}}),
+            "invalid_field",
+            "temperature",
+        ),
+    ] {
+        let answer = post(&server, "/ag-ui", &body).await;
+        assert_eq!(answer.status, 422, "{body}: {}", answer.problem);
+        assert_eq!(answer.problem["code"], code, "{body}");
+        assert_eq!(answer.problem["field"], field, "{body}");
+    }
+    let (status, _) = server.post_empty("/chat/fresh-thread-1/stop").await;
+    assert_eq!(status, 404, "no session was kept for the refused thread");
+    db.cleanup().await;
+}
+
+on_both_backends!(
+    chat_keeps_the_client_id,
+    chat_routes_client_tool_outputs,
+    chat_routes_approvals,
+    chat_resume_and_stop,
+    ag_ui_runs_and_answers,
+);
+
+/// Issue 25 item 6 (the request side): `tests/frontends/chat.mjs` drives `POST /chat` with the
+/// real `ai` 6 and `ai` 7 `AbstractChat` + `DefaultChatTransport` (both dialects: a text run,
+/// a client tool through `onToolCall` + `addToolOutput` + `sendAutomaticallyWhen`, an approval
+/// through `addToolApprovalResponse`, a cut then `resumeStream()`, `stop()` with
+/// `POST /chat/{id}/stop`) and `POST /ag-ui` with the README's `HttpAgent` subclass (a client
+/// tool, a `resume[]` approval, a cut then `connectAgent()`); each final message equals
+/// `GET /runs/{id}/output`. Skipped unless `tests/frontends/node_modules` exists or
+/// `BEHEST_TEST_REQUIRE_FRONTENDS=1` (then it fails when it cannot run).
+#[tokio::test]
+async fn the_real_chat_and_agent_clients_drive_chat_and_ag_ui() {
+    let package = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/frontends"));
+    if !package.join("node_modules").exists() {
+        assert!(
+            std::env::var("BEHEST_TEST_REQUIRE_FRONTENDS").is_err(),
+            "BEHEST_TEST_REQUIRE_FRONTENDS is set but tests/frontends/node_modules is missing \
+             (npm ci in tests/frontends)"
+        );
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "SKIPPED chat frontends: tests/frontends/node_modules is missing (npm ci in tests/frontends)"
+        );
+        return;
+    }
+    // The demo model's default pace (30 ms a token), so that a cut or a stop lands mid-run.
+    let server = crate::support::demo::DemoServer::start().await;
+    let run = tokio::process::Command::new("node")
+        .arg("chat.mjs")
+        .arg(&server.url)
+        .current_dir(package)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(600), run)
+        .await
+        .expect("node chat.mjs finishes within 10 minutes")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "node chat.mjs failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for dialect in ["ai-sdk (ai 6)", "ai-sdk (ai 7)", "ai-sdk-v7 (ai 7)"] {
+        for case in ["text", "client_tool", "approval", "cut_resume", "stop"] {
+            assert!(
+                stdout.contains(&format!("ok {case} {dialect}\n")),
+                "{case} {dialect} missing from:\n{stdout}"
+            );
+        }
+    }
+    for case in ["client_tool", "approval", "cut_reattach"] {
+        assert!(
+            stdout.contains(&format!("ok {case} ag-ui\n")),
+            "{case} ag-ui missing from:\n{stdout}"
+        );
+    }
+}
