@@ -564,6 +564,7 @@ impl Projection for AgUi {
             }
             EventPayload::CacheMetrics(_)
             | EventPayload::ModelRetrying(_)
+            | EventPayload::ContextCompactionStarted(_)
             | EventPayload::ContextCompacted(_)
             | EventPayload::DoomLoopDetected(_)
             | EventPayload::CompactionCircuitOpened(_) => {
