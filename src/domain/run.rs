@@ -260,7 +260,7 @@ pub struct RunRecord {
     pub error: Option<String>,
     /// Why the run failed, when it failed: the `error_class` of its `run_failed` event (the
     /// class of the model provider failure, or `doom_loop`, `limit_exceeded`, `interrupted`,
-    /// `internal`, `action_expired`, `crash_loop`); null otherwise.
+    /// `internal`, `action_expired`, `crash_loop`, `output_invalid`); null otherwise.
     pub error_class: Option<ErrorClass>,
     /// The run's tools: server tools by name and the tools it defined for the client to
     /// execute; absent: every configured server tool.
@@ -294,6 +294,11 @@ pub struct RunRecord {
     /// Doom-loop detection of this run; absent: the server's `[runtime.doom_loop]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub doom_loop: Option<DoomLoopSettings>,
+    /// The JSON Schema the run's final answer must match (from the request or the preset);
+    /// absent: free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output_schema: Option<serde_json::Value>,
     /// While the run is in `requires_action`: the tool calls it waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required_action: Option<RequiredAction>,
@@ -331,6 +336,12 @@ pub struct RunOutput {
     /// Why the run failed, when it failed: the `error_class` of its `run_failed` event; null
     /// otherwise.
     pub error_class: Option<ErrorClass>,
+    /// For a completed run with an `output_schema`: its final answer, parsed (the JSON value
+    /// the last assistant message's text holds, validated against the schema); absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub parsed: Option<serde_json::Value>,
 }
 
 /// How a run ended: what its terminal event says and its record keeps (`status`,
@@ -341,6 +352,8 @@ pub enum RunEnd {
     Completed {
         /// Why it stopped.
         finish_reason: FinishReason,
+        /// The final answer parsed, for a run with an `output_schema`.
+        parsed: Option<serde_json::Value>,
     },
     /// An error ended the run (`run_failed`).
     Failed {
@@ -379,7 +392,7 @@ impl RunEnd {
     #[must_use]
     pub fn finish_reason(&self) -> FinishReason {
         match self {
-            Self::Completed { finish_reason } => *finish_reason,
+            Self::Completed { finish_reason, .. } => *finish_reason,
             Self::Failed { .. } => FinishReason::Error,
             Self::Cancelled => FinishReason::Unknown,
         }
@@ -533,6 +546,16 @@ pub struct CreateRunRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1000, maximum = 604_800_000)]
     pub action_timeout_ms: Option<u64>,
+    /// A JSON Schema (an object) the run's final answer must match: the model is asked for
+    /// JSON in that shape in its provider's native form, the answer is validated, an invalid
+    /// one gets the server's `runtime.output_corrections` corrective turns (default 1), then
+    /// the run fails with `error_class` `output_invalid`. The parsed answer is the output's
+    /// `parsed` and `run_completed`'s. Checked like a tool's `parameters` (at most 10000
+    /// subschemas, every `$ref` resolving inside it, no `$ref` cycle): 422 `invalid_field`
+    /// naming `output_schema`. Default: the preset's; absent: free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 /// Bounds of `action_timeout_ms`, in ms: one second to seven days.
@@ -676,6 +699,17 @@ impl CreateRunRequest {
         if let Some(options) = &self.provider_options {
             check_object("provider_options", options)?;
         }
+        if let Some(schema) = &self.output_schema {
+            if !schema.is_object() {
+                return Err(invalid("output_schema", "must be a JSON Schema object"));
+            }
+            if has_nul(schema) {
+                return Err(invalid(
+                    "output_schema",
+                    "keys and strings must not contain the NUL character (U+0000)",
+                ));
+            }
+        }
         if let Some(max) = self.max_iterations
             && !(1..=max_iterations_cap).contains(&max)
         {
@@ -720,7 +754,7 @@ impl CreateRunRequest {
     }
 
     /// The body's fields, in order.
-    pub const FIELDS: [&'static str; 20] = [
+    pub const FIELDS: [&'static str; 21] = [
         "session_id",
         "provider",
         "model",
@@ -741,6 +775,7 @@ impl CreateRunRequest {
         "provider_options",
         "approval",
         "action_timeout_ms",
+        "output_schema",
     ];
 
     /// What a top-level field of the body must be, in words, for an error that replaces
@@ -752,7 +787,7 @@ impl CreateRunRequest {
             "provider" | "model" | "input" | "client_request_id" | "agent" | "instructions" => {
                 "must be a string"
             }
-            "metadata" | "provider_options" => "must be a JSON object",
+            "metadata" | "provider_options" | "output_schema" => "must be a JSON object",
             "tool_choice" => {
                 "must be \"auto\", \"none\", \"required\" or an object {\"name\": \"<tool>\"}"
             }
@@ -830,6 +865,7 @@ impl RunRecord {
             tool_timeout_ms: self.tool_timeout_ms,
             action_timeout_ms: self.action_timeout_ms,
             doom_loop: self.doom_loop.clone(),
+            output_schema: self.output_schema.clone(),
         }
     }
 

@@ -15,6 +15,7 @@ mod retention;
 mod run_loop;
 mod sessions;
 mod signals;
+mod structured;
 pub mod tokens;
 mod tool_exec;
 pub mod trail;
@@ -42,6 +43,7 @@ pub use agents::{Answer, AnswerError};
 pub use compaction::{CompactError, SettingsError};
 pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
+pub use structured::parsed_output;
 pub use trail::{RunTrail, TrailError};
 
 /// A configured provider: its adapter and its models.

@@ -48,6 +48,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
         reasoning_effort: None,
         instructions_role: Default::default(),
         thinking_budget_tokens: None,
+        structured_output: Default::default(),
         token_delay_ms: None,
         script: None,
         api_key: Some(Secret(SecretString::from(API_KEY))),

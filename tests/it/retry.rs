@@ -47,6 +47,7 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
         reasoning_effort: None,
         instructions_role: Default::default(),
         thinking_budget_tokens: None,
+        structured_output: Default::default(),
         token_delay_ms: None,
         script: None,
         api_key: Some(Secret(SecretString::from("sk-test-retry"))),

@@ -61,6 +61,7 @@ impl TryFrom<RunRow> for RunRecord {
             tool_timeout_ms: definition.tool_timeout_ms,
             action_timeout_ms: definition.action_timeout_ms,
             doom_loop: definition.doom_loop,
+            output_schema: definition.output_schema,
             required_action: row
                 .required_action
                 .map(|a| json("required_action", &a))
