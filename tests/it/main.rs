@@ -74,6 +74,8 @@ mod snapshots;
 #[cfg(test)]
 mod store;
 #[cfg(test)]
+mod structured_output;
+#[cfg(test)]
 mod tool_loop;
 #[cfg(test)]
 mod tools;

@@ -122,6 +122,7 @@ async fn complete(store: &dyn Store, run_id: RunId) {
         event: event(1, "run_completed", true),
         outcome: Some(RunEnd::Completed {
             finish_reason: FinishReason::Stop,
+            parsed: None,
         }),
         change: RunChange::default(),
     };
@@ -211,6 +212,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
             event: event(5, "run_completed", true),
             outcome: Some(RunEnd::Completed {
                 finish_reason: FinishReason::Stop,
+                parsed: None,
             }),
             change: RunChange::default(),
         },
@@ -227,6 +229,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
         event: event(6, "run_completed", true),
         outcome: Some(RunEnd::Completed {
             finish_reason: FinishReason::Stop,
+            parsed: None,
         }),
         change: RunChange::default(),
     }];
@@ -664,6 +667,7 @@ async fn snapshots_follow_boundaries_and_retention_removes_them(backend: Backend
         event: event(3, "run_completed", true),
         outcome: Some(RunEnd::Completed {
             finish_reason: FinishReason::Stop,
+            parsed: None,
         }),
         change: RunChange::default(),
     };
@@ -896,6 +900,7 @@ async fn sessions_pages_and_defaults(backend: Backend) {
             event: event(1, "run_completed", true),
             outcome: Some(RunEnd::Completed {
                 finish_reason: FinishReason::Stop,
+                parsed: None,
             }),
             change: RunChange::default(),
         };
@@ -1049,6 +1054,7 @@ async fn compactions_context_settings_and_breaker(backend: Backend) {
         event: event(5, "run_completed", true),
         outcome: Some(RunEnd::Completed {
             finish_reason: FinishReason::Stop,
+            parsed: None,
         }),
         change: RunChange::default(),
     };
@@ -1261,6 +1267,7 @@ async fn a_batch_of_runs_changes_reads_as_one_after_another(backend: Backend) {
     ended.event = event(3, "run_completed", true);
     ended.outcome = Some(RunEnd::Completed {
         finish_reason: FinishReason::Stop,
+        parsed: None,
     });
     let batch = vec![
         boundary(a, 1, 1, usage(10)),

@@ -266,6 +266,7 @@ impl Script<'_> {
         if stream.text.is_empty() && stream.calls.is_empty() {
             return self.end(RunEnd::Completed {
                 finish_reason: FinishReason::Stop,
+                parsed: None,
             });
         }
         self.emit(EventPayload::AssistantMessageCommitted(MessageCommitted {
@@ -274,6 +275,7 @@ impl Script<'_> {
         if stream.calls.is_empty() {
             return self.end(RunEnd::Completed {
                 finish_reason: FinishReason::Stop,
+                parsed: None,
             });
         }
         let count = stream.calls.len();

@@ -231,6 +231,7 @@ fn run_completed(iterations: u32) -> EventPayload {
     EventPayload::RunCompleted(RunCompleted {
         finish_reason: FinishReason::Stop,
         iterations,
+        parsed: None,
     })
 }
 
@@ -288,7 +289,8 @@ fn cut_mid_text() {
     assert_eq!(
         log.fold().end(),
         Some(&RunEnd::Completed {
-            finish_reason: FinishReason::Stop
+            finish_reason: FinishReason::Stop,
+            parsed: None,
         })
     );
 }
