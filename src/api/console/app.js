@@ -13,7 +13,7 @@ const EVENT_TYPES = [
   'tool_execution_started', 'tool_execution_finished', 'assistant_message_committed',
   'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
   'run_cancelled', 'doom_loop_detected', 'context_compacted', 'compaction_circuit_opened',
-  'run_resumed', 'tool_calls_required',
+  'run_resumed', 'tool_calls_required', 'output_rejected',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -513,6 +513,13 @@ function apply(current, transcript, event) {
       }
       current.bubble = null;
       note(transcript, 'muted', 'The server restarted; the run goes on.');
+      break;
+    case 'output_rejected':
+      // The answer did not match the run's output_schema: the model is asked again.
+      current.bubble = null;
+      current.callText = null;
+      note(transcript, 'muted', 'The answer does not match the output schema (correction '
+        + event.attempt + '): ' + event.errors);
       break;
     case 'run_failed':
       note(transcript, 'error', 'Run failed' + (event.error_class ? ' (' + event.error_class + ')' : '')

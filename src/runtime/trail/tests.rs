@@ -10,7 +10,8 @@ use crate::domain::{
     SessionId, TokenUsage, ToolCall,
 };
 use crate::events::{
-    ContextBuilt, DoomLoopDetected, MessageCommitted, ModelRetrying, ModelStarted, RunCompleted,
+    ContextBuilt, DoomLoopDetected, MessageCommitted, ModelRetrying, ModelStarted, OutputRejected,
+    RunCompleted,
     RunResumed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta, ToolCallStarted,
     ToolExecutionFinished, ToolExecutionStarted, ToolFailure, ToolSuccess, UsageRecorded,
 };
@@ -501,6 +502,36 @@ fn a_resumed_run_whose_answer_was_committed_completes() {
     assert!(illegal(&log.rejects(resumed(3, None))).contains("iteration 3"));
     log.push(resumed(1, None));
     log.push(run_completed(1));
+}
+
+fn rejected(attempt: u32) -> EventPayload {
+    EventPayload::OutputRejected(OutputRejected {
+        message_id: MessageId::new(),
+        errors: "the answer is not JSON".to_owned(),
+        attempt,
+    })
+}
+
+#[test]
+fn a_rejected_answer_is_answered_again_also_after_a_restart() {
+    let mut log = Log::opened();
+    let answer = log.turn(1, "not json", &[]);
+    // Counted from 1, once per answer.
+    assert!(illegal(&log.rejects(rejected(2))).contains("attempt 2"));
+    log.push(rejected(1));
+    assert!(illegal(&log.rejects(rejected(2))).contains("once"));
+    let trail = log.fold();
+    assert_eq!(trail.output_rejections(), 1);
+    // Taken over here, the run makes its next model call instead of completing.
+    let plan = resume::plan(&trail, &log.record, vec![answer.clone()], &[answer]);
+    assert!(matches!(plan.next, Next::ModelCall(2)), "{:?}", plan.next);
+    log.push(resumed(2, None));
+    log.turn(2, "{}", &[]);
+    log.push(run_completed(2));
+    // Not after a turn with tool calls.
+    let mut tools = Log::opened();
+    tools.turn(1, "", &["c1"]);
+    assert!(illegal(&tools.rejects(rejected(1))).contains("tool calls"));
 }
 
 #[test]
