@@ -568,10 +568,7 @@ fn request_body(request: &ModelRequest, options: &Options) -> Value {
     }
     super::merge_options(&mut body, &request.provider_options, OWNED_KEYS);
     if let Some(output) = &request.output {
-        body.insert(
-            super::structured::OPENAI_KEY.to_owned(),
-            output.openai(),
-        );
+        body.insert(super::structured::OPENAI_KEY.to_owned(), output.openai());
     }
     Value::Object(body)
 }

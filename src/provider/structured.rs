@@ -109,7 +109,10 @@ fn strict_node(node: &Value) -> bool {
             .map(|names| names.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
         if let Some(properties) = properties {
-            if !properties.keys().all(|key| required.contains(&key.as_str())) {
+            if !properties
+                .keys()
+                .all(|key| required.contains(&key.as_str()))
+            {
                 return false;
             }
             if !properties.values().all(strict_node) {
@@ -222,9 +225,7 @@ fn instance(root: &Value, node: &Value, depth: usize) -> Value {
                 .flatten()
                 .filter_map(Value::as_str)
             {
-                let property = properties
-                    .and_then(|p| p.get(name))
-                    .unwrap_or(&Value::Null);
+                let property = properties.and_then(|p| p.get(name)).unwrap_or(&Value::Null);
                 fields.insert(name.to_owned(), instance(root, property, depth + 1));
             }
             Value::Object(fields)
@@ -324,8 +325,10 @@ mod tests {
             );
         }
         assert_eq!(
-            minimal_instance(&json!({"type": "object", "properties": {"city": {"type": "string"}},
-                                     "required": ["city"]})),
+            minimal_instance(
+                &json!({"type": "object", "properties": {"city": {"type": "string"}},
+                                     "required": ["city"]})
+            ),
             json!({"city": ""})
         );
     }

@@ -49,7 +49,9 @@ pub(super) fn check_schema(
         });
     }
     if let Some(Value::Object(options)) = provider_options
-        && let Some(key) = wire_keys(kind).iter().find(|key| options.contains_key(**key))
+        && let Some(key) = wire_keys(kind)
+            .iter()
+            .find(|key| options.contains_key(**key))
     {
         return Err(CreateRunError::InvalidField {
             field: "provider_options",

@@ -561,9 +561,7 @@ impl RunTrail {
                     .filter(|call| matches!(call.phase, CallPhase::Committed | CallPhase::Streamed))
                     .ok_or("comes without a model call that ended")?;
                 if !call.tool_calls.is_empty() || call.turn.output_rejected {
-                    return Err(
-                        "comes other than once after an answer without tool calls".into(),
-                    );
+                    return Err("comes other than once after an answer without tool calls".into());
                 }
                 if rejected.attempt != self.output_rejections + 1 {
                     return Err(format!(

@@ -185,7 +185,10 @@ async fn valid_answer_is_parsed(backend: Backend, wire: Wire) {
     assert_eq!(sent_schema(wire, &requests[0].body), weather_schema());
     if wire == Wire::OpenAi {
         // Closed objects with every property required: strict mode.
-        assert_eq!(requests[0].body["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(
+            requests[0].body["response_format"]["json_schema"]["strict"],
+            true
+        );
     }
     assert_valid(wire, &requests);
 
@@ -210,13 +213,14 @@ async fn valid_answer_is_parsed(backend: Backend, wire: Wire) {
     assert_eq!(plain["status"], "completed");
     assert!(of_kind(&frames, "run_completed")[0].get("parsed").is_none());
     let plain_id = plain["id"].as_str().unwrap();
-    let output = server
-        .get_json(&format!("/runs/{plain_id}/output"))
-        .await;
+    let output = server.get_json(&format!("/runs/{plain_id}/output")).await;
     assert!(output.get("parsed").is_none(), "{output}");
     let requests = fake.requests();
     if wire == Wire::OpenAi {
-        assert_eq!(requests[1].body["response_format"]["json_schema"]["strict"], false);
+        assert_eq!(
+            requests[1].body["response_format"]["json_schema"]["strict"],
+            false
+        );
         assert!(requests[2].body.get("response_format").is_none());
     } else {
         assert!(requests[2].body.get("output_config").is_none());
@@ -279,7 +283,10 @@ async fn invalid_answer_is_corrected(backend: Backend, wire: Wire) {
     let second = requests[1].body["messages"].as_array().unwrap();
     let correction = second.last().unwrap();
     assert_eq!(correction["role"], "user", "{correction}");
-    assert!(content_text(correction).contains("/temperature_c"), "{correction}");
+    assert!(
+        content_text(correction).contains("/temperature_c"),
+        "{correction}"
+    );
     assert!(content_text(&second[second.len() - 2]).contains("cold"));
     assert_valid(wire, &requests);
     server.stop().await;
@@ -390,8 +397,7 @@ async fn prompt_mode_puts_the_schema_in_the_instructions(backend: Backend) {
 /// from a run's, which replaces it.
 async fn demo_model_honours_the_schema(backend: Backend) {
     let fake = FakeOpenAi::start().await;
-    let Some(server) = TestServer::start(backend, config(Wire::OpenAi, &fake.base_url(), ""))
-        .await
+    let Some(server) = TestServer::start(backend, config(Wire::OpenAi, &fake.base_url(), "")).await
     else {
         return;
     };
@@ -427,8 +433,7 @@ async fn demo_model_honours_the_schema(backend: Backend) {
 /// A schema that cannot be used is refused at create, naming `output_schema`; nothing runs.
 async fn unusable_schemas_are_refused(backend: Backend) {
     let fake = FakeOpenAi::start().await;
-    let Some(server) = TestServer::start(backend, config(Wire::OpenAi, &fake.base_url(), ""))
-        .await
+    let Some(server) = TestServer::start(backend, config(Wire::OpenAi, &fake.base_url(), "")).await
     else {
         return;
     };
@@ -438,9 +443,21 @@ async fn unusable_schemas_are_refused(backend: Backend) {
     let cases = [
         (json!("a string"), "output_schema", "JSON Schema object"),
         (json!({"allOf": [{"$ref": "#"}]}), "output_schema", "cycle"),
-        (json!({"$ref": "#/$defs/missing"}), "output_schema", "does not resolve"),
-        (json!({"type": "object", "properties": huge}), "output_schema", "10000"),
-        (json!({"type": 12}), "output_schema", "not a valid JSON Schema"),
+        (
+            json!({"$ref": "#/$defs/missing"}),
+            "output_schema",
+            "does not resolve",
+        ),
+        (
+            json!({"type": "object", "properties": huge}),
+            "output_schema",
+            "10000",
+        ),
+        (
+            json!({"type": 12}),
+            "output_schema",
+            "not a valid JSON Schema",
+        ),
     ];
     for (schema, field, words) in cases {
         let body = json!({"provider": "fake", "model": "fake-model", "input": "hi",

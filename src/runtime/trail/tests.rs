@@ -11,9 +11,9 @@ use crate::domain::{
 };
 use crate::events::{
     ContextBuilt, DoomLoopDetected, MessageCommitted, ModelRetrying, ModelStarted, OutputRejected,
-    RunCompleted,
-    RunResumed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta, ToolCallStarted,
-    ToolExecutionFinished, ToolExecutionStarted, ToolFailure, ToolSuccess, UsageRecorded,
+    RunCompleted, RunResumed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta,
+    ToolCallStarted, ToolExecutionFinished, ToolExecutionStarted, ToolFailure, ToolSuccess,
+    UsageRecorded,
 };
 use crate::runtime::resume::{self, Next};
 use crate::runtime::tool_exec::new_message;
