@@ -554,6 +554,10 @@ pub struct ModelConfig {
     pub context_window: u32,
     /// Most tokens one call may generate.
     pub max_output_tokens: u32,
+    /// The model takes no images: a run whose `input` has an image part is refused (422
+    /// naming `input`) instead of failing at the provider; default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub text_only: bool,
 }
 
 /// `[providers.<id>.timeouts]`, in ms.

@@ -8,7 +8,10 @@ use super::agent::{
     DoomLoopSettings, ModelParameters, RequiredAction, RunDefinition, RunTool, SessionDefaults,
     check_tools,
 };
-use super::{ErrorClass, Message, RunId, SessionId};
+use super::{
+    ErrorClass, IMAGE_MEDIA_TYPES, InputPart, MAX_IMAGE_URL_BYTES, MAX_INPUT_PARTS, Message, RunId,
+    RunInput, SessionId,
+};
 
 /// Where a run is in its life (`common.proto` `RunStatus`). The last three are terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -454,11 +457,15 @@ pub struct CreateRunRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, min_length = 1)]
     pub model: Option<String>,
-    /// The user's input (required, with at least one non-whitespace character); stored once as
-    /// one user message.
+    /// The user's input (required), stored once as one user message: a string with at least
+    /// one non-whitespace character, or a list of at most 64 content parts —
+    /// `{"type": "text", "text"}`, `{"type": "image", "media_type", "data"}` (base64, at most
+    /// 3932160 bytes decoded; `image/png`, `image/jpeg`, `image/gif`, `image/webp`) or
+    /// `{"type": "image", "url"}` (http(s), at most 2048 bytes). A model configured
+    /// `text_only` refuses images (422 naming `input`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = String, required = true, min_length = 1, pattern = r"\S")]
-    pub input: Option<String>,
+    #[schema(required = true)]
+    pub input: Option<RunInput>,
     /// Any JSON object of at most 16384 bytes serialized (compact JSON); stored with the run
     /// and returned unchanged.
     #[serde(default)]
@@ -641,7 +648,6 @@ impl CreateRunRequest {
         let named = [
             ("provider", self.provider.as_deref()),
             ("model", self.model.as_deref()),
-            ("input", Some(input.as_str())),
             ("agent", self.agent.as_deref()),
         ];
         for (field, value) in named {
@@ -653,9 +659,7 @@ impl CreateRunRequest {
                 return Err(invalid(field, NUL));
             }
         }
-        if input.trim().is_empty() {
-            return Err(invalid("input", "must contain a non-whitespace character"));
-        }
+        check_input(input)?;
         let optional = [
             ("session_id", self.session_id.as_deref()),
             ("client_request_id", self.client_request_id.as_deref()),
@@ -784,8 +788,12 @@ impl CreateRunRequest {
     pub fn expectation(field: &str) -> Option<&'static str> {
         Some(match field {
             "session_id" => "must be a session id (a UUID string)",
-            "provider" | "model" | "input" | "client_request_id" | "agent" | "instructions" => {
+            "provider" | "model" | "client_request_id" | "agent" | "instructions" => {
                 "must be a string"
+            }
+            "input" => {
+                "must be a string or an array of content parts ({\"type\": \"text\", \"text\"}, \
+                 {\"type\": \"image\", \"media_type\", \"data\"} or {\"type\": \"image\", \"url\"})"
             }
             "metadata" | "provider_options" | "output_schema" => "must be a JSON object",
             "tool_choice" => {
@@ -804,6 +812,104 @@ impl CreateRunRequest {
             _ => return None,
         })
     }
+}
+
+/// Checks a run's `input` by itself (an image's base64 is decoded by the runtime, which
+/// also knows whether the model takes images).
+fn check_input(input: &RunInput) -> Result<(), RequestProblem> {
+    let parts = match input {
+        RunInput::Text(text) => {
+            if text.is_empty() {
+                return Err(invalid("input", "must not be empty"));
+            }
+            if text.contains('\0') {
+                return Err(invalid("input", NUL));
+            }
+            if text.trim().is_empty() {
+                return Err(invalid("input", "must contain a non-whitespace character"));
+            }
+            return Ok(());
+        }
+        RunInput::Parts(parts) => parts,
+    };
+    if parts.is_empty() {
+        return Err(invalid("input", "must have at least one content part"));
+    }
+    if parts.len() > MAX_INPUT_PARTS {
+        return Err(invalid(
+            "input",
+            format!("has {} parts; at most {MAX_INPUT_PARTS} are accepted", parts.len()),
+        ));
+    }
+    for (index, part) in parts.iter().enumerate() {
+        match part {
+            InputPart::Text { text } => {
+                if text.trim().is_empty() {
+                    return Err(invalid(
+                        "input",
+                        format!("input[{index}].text must contain a non-whitespace character"),
+                    ));
+                }
+                if text.contains('\0') {
+                    return Err(invalid("input", format!("input[{index}].text {NUL}")));
+                }
+            }
+            InputPart::Image {
+                media_type,
+                data,
+                url,
+            } => match (data, url) {
+                (Some(_), None) => {
+                    let known = media_type
+                        .as_deref()
+                        .is_some_and(|media_type| IMAGE_MEDIA_TYPES.contains(&media_type));
+                    if !known {
+                        return Err(invalid(
+                            "input",
+                            format!(
+                                "input[{index}].media_type must be one of {} with `data`",
+                                IMAGE_MEDIA_TYPES.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                (None, Some(url)) => {
+                    let scheme = url.starts_with("https://") || url.starts_with("http://");
+                    if !scheme || url.len() > MAX_IMAGE_URL_BYTES || url.contains('\0') {
+                        return Err(invalid(
+                            "input",
+                            format!(
+                                "input[{index}].url must be an http(s) URL of at most \
+                                 {MAX_IMAGE_URL_BYTES} bytes"
+                            ),
+                        ));
+                    }
+                    if media_type
+                        .as_deref()
+                        .is_some_and(|media_type| !IMAGE_MEDIA_TYPES.contains(&media_type))
+                    {
+                        return Err(invalid(
+                            "input",
+                            format!(
+                                "input[{index}].media_type must be one of {}",
+                                IMAGE_MEDIA_TYPES.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(invalid(
+                        "input",
+                        format!(
+                            "input[{index}]: an image has either `data` (with `media_type`) or \
+                             `url`, not both"
+                        ),
+                    ));
+                }
+            },
+        }
+    }
+    Ok(())
 }
 
 /// Whether any key or string in `value` contains U+0000.

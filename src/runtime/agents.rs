@@ -262,6 +262,9 @@ impl Runtime {
                 provider: provider.to_owned(),
                 model: model_name.to_owned(),
             })?;
+        if let Some(input) = &request.input {
+            super::images::check(input, &model, provider, model_name)?;
+        }
         if let Some(max) = request.max_output_tokens
             && max > model.max_output_tokens
         {
@@ -342,7 +345,7 @@ impl Runtime {
         for (name, preset) in &self.agents {
             let request = CreateRunRequest {
                 agent: Some(name.clone()),
-                input: Some("check".to_owned()),
+                input: Some("check".into()),
                 ..CreateRunRequest::default()
             };
             match self.resolve(&request, None) {

@@ -8,6 +8,7 @@ pub mod compaction;
 mod doom_loop;
 mod end;
 mod event_log;
+mod images;
 mod model_turn;
 mod recovery;
 mod resume;
@@ -348,7 +349,7 @@ impl Runtime {
             model: effective.model.unwrap_or_default(),
             tool_choice: effective.tool_choice.unwrap_or_default(),
             metadata: effective.metadata.unwrap_or_else(|| serde_json::json!({})),
-            input: effective.input.unwrap_or_default(),
+            input: effective.input.unwrap_or_default().content(),
             user_message_id: MessageId::new(),
             tools: effective.tools,
             agent: effective.agent,

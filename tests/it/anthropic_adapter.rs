@@ -39,6 +39,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
             ModelConfig {
                 context_window: 200_000,
                 max_output_tokens: 8192,
+                text_only: false,
             },
         )]),
         max_tokens_field: None,

@@ -40,6 +40,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
             ModelConfig {
                 context_window: 128_000,
                 max_output_tokens: 16_384,
+                text_only: false,
             },
         )]),
         max_tokens_field: None,

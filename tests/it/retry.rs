@@ -39,6 +39,7 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
             ModelConfig {
                 context_window: 100_000,
                 max_output_tokens: 1_000,
+                text_only: false,
             },
         )]),
         max_tokens_field: None,

@@ -23,7 +23,7 @@ fn new_run(session_id: SessionId, create_session: bool) -> NewRun {
         model: "fake-model".to_owned(),
         tool_choice: ToolChoice::default(),
         metadata: json!({"zeta": 1, "alpha": "é ✓ 🌍", "nested": {"b": [1, 2], "a": null}}),
-        input: "Bonjour, ça va ? 你好".to_owned(),
+        input: behest::domain::RunInput::from("Bonjour, ça va ? 你好").content(),
         user_message_id: MessageId::new(),
         tools: None,
         agent: None,
@@ -69,7 +69,7 @@ async fn create_run_stores_session_run_and_user_message(backend: Backend) {
     let messages = store.session_messages(run.session_id).await.unwrap();
     assert_eq!(messages.len(), 1);
     assert_eq!(messages[0].role, Role::User);
-    assert_eq!(messages[0].text(), run.input);
+    assert_eq!(messages[0].content, run.input);
     assert_eq!(messages[0].id, run.user_message_id);
     db.cleanup().await;
 }

@@ -541,7 +541,7 @@ fn new_run(id: RunId) -> NewRun {
         model: "m".to_owned(),
         tool_choice: crate::domain::ToolChoice::default(),
         metadata: json!({}),
-        input: "hi".to_owned(),
+        input: crate::domain::RunInput::from("hi").content(),
         user_message_id: MessageId::new(),
         tools: None,
         agent: None,
