@@ -38,6 +38,8 @@ mod events;
 #[cfg(test)]
 mod first_hour;
 #[cfg(test)]
+mod images;
+#[cfg(test)]
 mod input;
 #[cfg(test)]
 mod local_models;
