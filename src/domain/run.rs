@@ -838,7 +838,10 @@ fn check_input(input: &RunInput) -> Result<(), RequestProblem> {
     if parts.len() > MAX_INPUT_PARTS {
         return Err(invalid(
             "input",
-            format!("has {} parts; at most {MAX_INPUT_PARTS} are accepted", parts.len()),
+            format!(
+                "has {} parts; at most {MAX_INPUT_PARTS} are accepted",
+                parts.len()
+            ),
         ));
     }
     for (index, part) in parts.iter().enumerate() {

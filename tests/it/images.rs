@@ -17,11 +17,11 @@ use support::validate::{validate_anthropic_request, validate_openai_request};
 
 /// A 1×1 PNG.
 const PNG: &[u8] = &[
-    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44,
-    0x52, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f,
-    0x15, 0xc4, 0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8,
-    0xcf, 0xc0, 0xf0, 0x1f, 0x00, 0x05, 0x00, 0x01, 0xff, 0x89, 0x99, 0x3d, 0x1d, 0x00, 0x00,
-    0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
+    0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8, 0xcf, 0xc0, 0xf0,
+    0x1f, 0x00, 0x05, 0x00, 0x01, 0xff, 0x89, 0x99, 0x3d, 0x1d, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
 ];
 
 fn png_base64() -> String {
@@ -133,7 +133,10 @@ async fn images_reach_both_wire_formats(backend: Backend) {
         "{user}"
     );
     let anthropic = &requests[1].body;
-    assert!(validate_anthropic_request(anthropic).is_empty(), "{anthropic}");
+    assert!(
+        validate_anthropic_request(anthropic).is_empty(),
+        "{anthropic}"
+    );
     let first = &anthropic["messages"][0]["content"];
     assert_eq!(
         first[1],
@@ -154,17 +157,24 @@ async fn images_reach_both_wire_formats(backend: Backend) {
 async fn bad_images_are_refused_at_create(backend: Backend) {
     let fake = FakeOpenAi::start().await;
     // A body limit large enough for the oversized image (else 413 comes first).
-    let Some(server) =
-        TestServer::start(backend, config(&fake.base_url(), "max_body_bytes = 8388608")).await
+    let Some(server) = TestServer::start(
+        backend,
+        config(&fake.base_url(), "max_body_bytes = 8388608"),
+    )
+    .await
     else {
         return;
     };
     let too_big =
-        base64::engine::general_purpose::STANDARD.encode(vec![0u8; behest::domain::MAX_IMAGE_BYTES + 1]);
+        base64::engine::general_purpose::STANDARD
+            .encode(vec![0u8; behest::domain::MAX_IMAGE_BYTES + 1]);
     let cases = [
         (json!([]), "at least one content part"),
         (json!([{"type": "text", "text": "  "}]), "non-whitespace"),
-        (json!([{"type": "image", "data": png_base64()}]), "media_type"),
+        (
+            json!([{"type": "image", "data": png_base64()}]),
+            "media_type",
+        ),
         (
             json!([{"type": "image", "media_type": "image/tiff", "data": png_base64()}]),
             "media_type",
@@ -177,7 +187,10 @@ async fn bad_images_are_refused_at_create(backend: Backend) {
             json!([{"type": "image", "media_type": "image/png", "data": too_big}]),
             "decoded",
         ),
-        (json!([{"type": "image", "url": "file:///etc/passwd"}]), "http(s) URL"),
+        (
+            json!([{"type": "image", "url": "file:///etc/passwd"}]),
+            "http(s) URL",
+        ),
         (
             json!([{"type": "image", "url": "https://a/b.png", "media_type": "image/png",
                     "data": png_base64()}]),
@@ -222,7 +235,10 @@ async fn bad_images_are_refused_at_create(backend: Backend) {
     server
         .finished_run(created["run_id"].as_str().unwrap())
         .await;
-    assert_eq!(fake.requests()[0].body["messages"][0]["content"], "only words");
+    assert_eq!(
+        fake.requests()[0].body["messages"][0]["content"],
+        "only words"
+    );
     server.stop().await;
 }
 
