@@ -120,6 +120,10 @@ pub struct AgentPreset {
     /// Doom-loop settings; each one given replaces the server's `[runtime.doom_loop]` one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub doom_loop: Option<DoomLoopOverride>,
+    /// The JSON Schema the final answer of the preset's runs must match (a run's
+    /// `output_schema`, which replaces it); checked at startup like a run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 /// `[agents.<name>.doom_loop]`: the settings a preset changes.
@@ -212,6 +216,11 @@ pub struct RuntimeConfig {
     /// beyond it is refused with `429 too_many_active_runs` and `Retry-After` (not queued).
     /// Default: unlimited.
     pub max_active_runs: Option<usize>,
+    /// Corrective turns a run with an `output_schema` gets when its final answer does not
+    /// match: each is a user message with the validation errors (`output_rejected`) and one
+    /// more model call; after the last the run fails with error class `output_invalid`.
+    /// Default 1 (0 to 5).
+    pub output_corrections: u32,
 }
 
 /// `[runtime] action_expiry`: how a run whose `requires_action` wait expired ends.
@@ -336,6 +345,7 @@ impl Default for RuntimeConfig {
             action_timeout_ms: 600_000,
             action_expiry: ActionExpiry::Fail,
             max_active_runs: None,
+            output_corrections: 1,
         }
     }
 }
@@ -403,6 +413,12 @@ pub struct ProviderConfig {
     /// model's `max_output_tokens` (checked at startup); absent: thinking off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking_budget_tokens: Option<u32>,
+    /// How a run's `output_schema` reaches the model: `native` (default: OpenAI-compatible
+    /// `response_format` `json_schema`, Anthropic `output_config.format`, the built-in model
+    /// answers with a minimal valid instance) or `prompt` (for servers with neither: the
+    /// schema is appended to the run's instructions). Either way the answer is validated.
+    #[serde(default)]
+    pub structured_output: StructuredOutputMode,
     /// `kind = "scripted"` only: pause before each streamed token, in ms; default 30.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_delay_ms: Option<u64>,
@@ -453,6 +469,18 @@ pub enum ReasoningReplay {
     ToolTurns,
     /// Sent on every assistant message that has reasoning.
     All,
+}
+
+/// `structured_output`: how a provider is asked for an answer in a run's `output_schema`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StructuredOutputMode {
+    /// The wire format's own field (OpenAI-compatible `response_format`, Anthropic
+    /// `output_config.format`).
+    #[default]
+    Native,
+    /// The schema, in words, appended to the run's instructions; nothing else is sent.
+    Prompt,
 }
 
 /// `instructions_role`: the Chat Completions role that carries the instructions.
@@ -526,6 +554,10 @@ pub struct ModelConfig {
     pub context_window: u32,
     /// Most tokens one call may generate.
     pub max_output_tokens: u32,
+    /// The model takes no images: a run whose `input` has an image part is refused (422
+    /// naming `input`) instead of failing at the provider; default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub text_only: bool,
 }
 
 /// `[providers.<id>.timeouts]`, in ms.
@@ -770,6 +802,10 @@ impl Config {
             (
                 (300..=86_400_000).contains(&runtime.lease_ttl_ms),
                 "runtime.lease_ttl_ms must be from 300 to 86400000 (one day)",
+            ),
+            (
+                runtime.output_corrections <= 5,
+                "runtime.output_corrections must be from 0 to 5",
             ),
             (
                 (1..=100).contains(&runtime.max_takeovers),

@@ -317,7 +317,9 @@ async fn agent_answer(
     }
     let mut fields = run_fields(forwarded, "forwardedProps")?;
     fields.session_id = Some(session.id.to_string());
-    fields.input = Some(user_text(messages.last().and_then(|m| m.content.as_ref())));
+    fields.input = Some(crate::domain::RunInput::Text(user_text(
+        messages.last().and_then(|m| m.content.as_ref()),
+    )));
     fields.client_request_id = Some(client_request_id);
     let preset = fields
         .agent

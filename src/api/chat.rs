@@ -422,7 +422,7 @@ pub async fn send_chat_message(
                     ));
                 }
                 fields.session_id = Some(session.id.to_string());
-                fields.input = Some(text);
+                fields.input = Some(crate::domain::RunInput::Text(text));
                 let permit = state.limits.open_watcher(caller)?;
                 let created = runs::start_run(&state, caller, &headers, fields).await?;
                 let mut response = formats::stream(&state, &created.record, format, None, permit);

@@ -279,7 +279,8 @@ pub async fn get_run(
 /// Its assistant messages, finish reason, iterations and total usage; `409 run_not_finished`
 /// while it is still active. A run that ended in the middle of a model call (cancelled,
 /// failed, interrupted) also shows the text it streamed, as an assistant message with
-/// `status: incomplete`.
+/// `status: incomplete`. A completed run with an `output_schema` has its answer parsed in
+/// `parsed`.
 #[utoipa::path(get, path = "/runs/{run_id}/output", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     responses(
@@ -312,7 +313,9 @@ pub async fn get_run_output(
         RunStatus::Failed => FinishReason::Error,
         _ => FinishReason::Unknown,
     });
+    let parsed = crate::runtime::parsed_output(&record, &messages);
     Ok(axum::Json(RunOutput {
+        parsed,
         run_id: record.id,
         session_id: record.session_id,
         status: record.status,

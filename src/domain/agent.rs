@@ -305,6 +305,9 @@ pub struct RunDefinition {
     /// Doom-loop detection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub doom_loop: Option<DoomLoopSettings>,
+    /// The JSON Schema the final answer must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 /// What a session's runs default to when they do not say (`POST /sessions`), and what a

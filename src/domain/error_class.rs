@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 /// How a provider call or a run failed, for retries and for callers (e.g. compaction on
 /// `context_length_exceeded`). Every `run_failed` carries one: the first eight classify a
 /// model provider failure; `doom_loop`, `limit_exceeded`, `interrupted`, `internal`,
-/// `action_expired` and `crash_loop` a run that failed for another reason.
+/// `action_expired`, `crash_loop` and `output_invalid` a run that failed for another reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
@@ -42,6 +42,9 @@ pub enum ErrorClass {
     /// died while executing it, without committing a message: it is failed rather than
     /// resumed again, so that a run that kills its process cannot crash-loop the server.
     CrashLoop,
+    /// The run's final answer did not match its `output_schema`, also after the corrective
+    /// turns (`[runtime] output_corrections`, see `output_rejected`).
+    OutputInvalid,
 }
 
 impl ErrorClass {
@@ -63,6 +66,7 @@ impl ErrorClass {
             Self::Internal => "internal",
             Self::ActionExpired => "action_expired",
             Self::CrashLoop => "crash_loop",
+            Self::OutputInvalid => "output_invalid",
         }
     }
 

@@ -8,6 +8,7 @@ mod agent;
 mod compaction;
 mod error_class;
 mod ids;
+mod input;
 mod message;
 mod run;
 mod snapshot;
@@ -23,6 +24,9 @@ pub use compaction::{
 };
 pub use error_class::ErrorClass;
 pub use ids::{CompactionId, MessageId, RunId, SessionId};
+pub use input::{
+    IMAGE_MEDIA_TYPES, InputPart, MAX_IMAGE_BYTES, MAX_IMAGE_URL_BYTES, MAX_INPUT_PARTS, RunInput,
+};
 pub use message::{ContentPart, Message, MessageStatus, Reasoning, Role, ToolCall};
 pub use run::{
     ACTION_TIMEOUT_MS, CreateRunRequest, CreateRunResponse, CreateSessionRequest,

@@ -8,7 +8,10 @@ use super::agent::{
     DoomLoopSettings, ModelParameters, RequiredAction, RunDefinition, RunTool, SessionDefaults,
     check_tools,
 };
-use super::{ErrorClass, Message, RunId, SessionId};
+use super::{
+    ErrorClass, IMAGE_MEDIA_TYPES, InputPart, MAX_IMAGE_URL_BYTES, MAX_INPUT_PARTS, Message, RunId,
+    RunInput, SessionId,
+};
 
 /// Where a run is in its life (`common.proto` `RunStatus`). The last three are terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -266,7 +269,7 @@ pub struct RunRecord {
     pub error: Option<String>,
     /// Why the run failed, when it failed: the `error_class` of its `run_failed` event (the
     /// class of the model provider failure, or `doom_loop`, `limit_exceeded`, `interrupted`,
-    /// `internal`, `action_expired`, `crash_loop`); null otherwise.
+    /// `internal`, `action_expired`, `crash_loop`, `output_invalid`); null otherwise.
     pub error_class: Option<ErrorClass>,
     /// The run's tools: server tools by name and the tools it defined for the client to
     /// execute; absent: every configured server tool.
@@ -300,6 +303,11 @@ pub struct RunRecord {
     /// Doom-loop detection of this run; absent: the server's `[runtime.doom_loop]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub doom_loop: Option<DoomLoopSettings>,
+    /// The JSON Schema the run's final answer must match (from the request or the preset);
+    /// absent: free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output_schema: Option<serde_json::Value>,
     /// While the run is in `requires_action`: the tool calls it waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required_action: Option<RequiredAction>,
@@ -337,6 +345,12 @@ pub struct RunOutput {
     /// Why the run failed, when it failed: the `error_class` of its `run_failed` event; null
     /// otherwise.
     pub error_class: Option<ErrorClass>,
+    /// For a completed run with an `output_schema`: its final answer, parsed (the JSON value
+    /// the last assistant message's text holds, validated against the schema); absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub parsed: Option<serde_json::Value>,
 }
 
 /// How a run ended: what its terminal event says and its record keeps (`status`,
@@ -347,6 +361,8 @@ pub enum RunEnd {
     Completed {
         /// Why it stopped.
         finish_reason: FinishReason,
+        /// The final answer parsed, for a run with an `output_schema`.
+        parsed: Option<serde_json::Value>,
     },
     /// An error ended the run (`run_failed`).
     Failed {
@@ -385,7 +401,7 @@ impl RunEnd {
     #[must_use]
     pub fn finish_reason(&self) -> FinishReason {
         match self {
-            Self::Completed { finish_reason } => *finish_reason,
+            Self::Completed { finish_reason, .. } => *finish_reason,
             Self::Failed { .. } => FinishReason::Error,
             Self::Cancelled => FinishReason::Unknown,
         }
@@ -447,11 +463,15 @@ pub struct CreateRunRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, min_length = 1)]
     pub model: Option<String>,
-    /// The user's input (required, with at least one non-whitespace character); stored once as
-    /// one user message.
+    /// The user's input (required), stored once as one user message: a string with at least
+    /// one non-whitespace character, or a list of at most 64 content parts —
+    /// `{"type": "text", "text"}`, `{"type": "image", "media_type", "data"}` (base64, at most
+    /// 3932160 bytes decoded; `image/png`, `image/jpeg`, `image/gif`, `image/webp`) or
+    /// `{"type": "image", "url"}` (http(s), at most 2048 bytes). A model configured
+    /// `text_only` refuses images (422 naming `input`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = String, required = true, min_length = 1, pattern = r"\S")]
-    pub input: Option<String>,
+    #[schema(required = true)]
+    pub input: Option<RunInput>,
     /// Any JSON object of at most 16384 bytes serialized (compact JSON); stored with the run
     /// and returned unchanged.
     #[serde(default)]
@@ -539,6 +559,16 @@ pub struct CreateRunRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1000, maximum = 604_800_000)]
     pub action_timeout_ms: Option<u64>,
+    /// A JSON Schema (an object) the run's final answer must match: the model is asked for
+    /// JSON in that shape in its provider's native form, the answer is validated, an invalid
+    /// one gets the server's `runtime.output_corrections` corrective turns (default 1), then
+    /// the run fails with `error_class` `output_invalid`. The parsed answer is the output's
+    /// `parsed` and `run_completed`'s. Checked like a tool's `parameters` (at most 10000
+    /// subschemas, every `$ref` resolving inside it, no `$ref` cycle): 422 `invalid_field`
+    /// naming `output_schema`. Default: the preset's; absent: free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 /// Bounds of `action_timeout_ms`, in ms: one second to seven days.
@@ -624,7 +654,6 @@ impl CreateRunRequest {
         let named = [
             ("provider", self.provider.as_deref()),
             ("model", self.model.as_deref()),
-            ("input", Some(input.as_str())),
             ("agent", self.agent.as_deref()),
         ];
         for (field, value) in named {
@@ -636,9 +665,7 @@ impl CreateRunRequest {
                 return Err(invalid(field, NUL));
             }
         }
-        if input.trim().is_empty() {
-            return Err(invalid("input", "must contain a non-whitespace character"));
-        }
+        check_input(input)?;
         let optional = [
             ("session_id", self.session_id.as_deref()),
             ("client_request_id", self.client_request_id.as_deref()),
@@ -681,6 +708,17 @@ impl CreateRunRequest {
         }
         if let Some(options) = &self.provider_options {
             check_object("provider_options", options)?;
+        }
+        if let Some(schema) = &self.output_schema {
+            if !schema.is_object() {
+                return Err(invalid("output_schema", "must be a JSON Schema object"));
+            }
+            if has_nul(schema) {
+                return Err(invalid(
+                    "output_schema",
+                    "keys and strings must not contain the NUL character (U+0000)",
+                ));
+            }
         }
         if let Some(max) = self.max_iterations
             && !(1..=max_iterations_cap).contains(&max)
@@ -726,7 +764,7 @@ impl CreateRunRequest {
     }
 
     /// The body's fields, in order.
-    pub const FIELDS: [&'static str; 20] = [
+    pub const FIELDS: [&'static str; 21] = [
         "session_id",
         "provider",
         "model",
@@ -747,6 +785,7 @@ impl CreateRunRequest {
         "provider_options",
         "approval",
         "action_timeout_ms",
+        "output_schema",
     ];
 
     /// What a top-level field of the body must be, in words, for an error that replaces
@@ -755,10 +794,14 @@ impl CreateRunRequest {
     pub fn expectation(field: &str) -> Option<&'static str> {
         Some(match field {
             "session_id" => "must be a session id (a UUID string)",
-            "provider" | "model" | "input" | "client_request_id" | "agent" | "instructions" => {
+            "provider" | "model" | "client_request_id" | "agent" | "instructions" => {
                 "must be a string"
             }
-            "metadata" | "provider_options" => "must be a JSON object",
+            "input" => {
+                "must be a string or an array of content parts ({\"type\": \"text\", \"text\"}, \
+                 {\"type\": \"image\", \"media_type\", \"data\"} or {\"type\": \"image\", \"url\"})"
+            }
+            "metadata" | "provider_options" | "output_schema" => "must be a JSON object",
             "tool_choice" => {
                 "must be \"auto\", \"none\", \"required\" or an object {\"name\": \"<tool>\"}"
             }
@@ -775,6 +818,107 @@ impl CreateRunRequest {
             _ => return None,
         })
     }
+}
+
+/// Checks a run's `input` by itself (an image's base64 is decoded by the runtime, which
+/// also knows whether the model takes images).
+fn check_input(input: &RunInput) -> Result<(), RequestProblem> {
+    let parts = match input {
+        RunInput::Text(text) => {
+            if text.is_empty() {
+                return Err(invalid("input", "must not be empty"));
+            }
+            if text.contains('\0') {
+                return Err(invalid("input", NUL));
+            }
+            if text.trim().is_empty() {
+                return Err(invalid("input", "must contain a non-whitespace character"));
+            }
+            return Ok(());
+        }
+        RunInput::Parts(parts) => parts,
+    };
+    if parts.is_empty() {
+        return Err(invalid("input", "must have at least one content part"));
+    }
+    if parts.len() > MAX_INPUT_PARTS {
+        return Err(invalid(
+            "input",
+            format!(
+                "has {} parts; at most {MAX_INPUT_PARTS} are accepted",
+                parts.len()
+            ),
+        ));
+    }
+    for (index, part) in parts.iter().enumerate() {
+        match part {
+            InputPart::Text { text } => {
+                if text.trim().is_empty() {
+                    return Err(invalid(
+                        "input",
+                        format!("input[{index}].text must contain a non-whitespace character"),
+                    ));
+                }
+                if text.contains('\0') {
+                    return Err(invalid("input", format!("input[{index}].text {NUL}")));
+                }
+            }
+            InputPart::Image {
+                media_type,
+                data,
+                url,
+            } => match (data, url) {
+                (Some(_), None) => {
+                    let known = media_type
+                        .as_deref()
+                        .is_some_and(|media_type| IMAGE_MEDIA_TYPES.contains(&media_type));
+                    if !known {
+                        return Err(invalid(
+                            "input",
+                            format!(
+                                "input[{index}].media_type must be one of {} with `data`",
+                                IMAGE_MEDIA_TYPES.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                (None, Some(url)) => {
+                    let scheme = url.starts_with("https://") || url.starts_with("http://");
+                    if !scheme || url.len() > MAX_IMAGE_URL_BYTES || url.contains('\0') {
+                        return Err(invalid(
+                            "input",
+                            format!(
+                                "input[{index}].url must be an http(s) URL of at most \
+                                 {MAX_IMAGE_URL_BYTES} bytes"
+                            ),
+                        ));
+                    }
+                    if media_type
+                        .as_deref()
+                        .is_some_and(|media_type| !IMAGE_MEDIA_TYPES.contains(&media_type))
+                    {
+                        return Err(invalid(
+                            "input",
+                            format!(
+                                "input[{index}].media_type must be one of {}",
+                                IMAGE_MEDIA_TYPES.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(invalid(
+                        "input",
+                        format!(
+                            "input[{index}]: an image has either `data` (with `media_type`) or \
+                             `url`, not both"
+                        ),
+                    ));
+                }
+            },
+        }
+    }
+    Ok(())
 }
 
 /// Whether any key or string in `value` contains U+0000.
@@ -864,6 +1008,7 @@ impl RunRecord {
             tool_timeout_ms: self.tool_timeout_ms,
             action_timeout_ms: self.action_timeout_ms,
             doom_loop: self.doom_loop.clone(),
+            output_schema: self.output_schema.clone(),
         }
     }
 

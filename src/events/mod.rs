@@ -127,6 +127,9 @@ event_payloads! {
     /// The summariser was called to compact the run's context (status `compacting` until
     /// `context_compacted`, or the next event, says how it went).
     ContextCompactionStarted(ContextCompactionStarted) = "context_compaction_started",
+    /// The run's final answer did not match its `output_schema`: a user message with the
+    /// validation errors was stored, and the model is called again (a corrective turn).
+    OutputRejected(OutputRejected) = "output_rejected",
 }
 
 impl EventPayload {
@@ -143,9 +146,13 @@ impl EventPayload {
     #[must_use]
     pub fn terminal(end: &RunEnd, iterations: u32) -> Self {
         match end {
-            RunEnd::Completed { finish_reason } => Self::RunCompleted(RunCompleted {
+            RunEnd::Completed {
+                finish_reason,
+                parsed,
+            } => Self::RunCompleted(RunCompleted {
                 finish_reason: *finish_reason,
                 iterations,
+                parsed: parsed.clone(),
             }),
             RunEnd::Failed { class, error } => Self::RunFailed(RunFailed {
                 error: error.clone(),
@@ -162,6 +169,7 @@ impl EventPayload {
         match self {
             Self::RunCompleted(completed) => Some(RunEnd::Completed {
                 finish_reason: completed.finish_reason,
+                parsed: completed.parsed.clone(),
             }),
             Self::RunFailed(failed) => Some(RunEnd::Failed {
                 class: failed.error_class.unwrap_or(ErrorClass::Internal),
@@ -312,6 +320,25 @@ pub struct RunCompleted {
     pub finish_reason: FinishReason,
     /// Model calls made.
     pub iterations: u32,
+    /// For a run with an `output_schema`: its final answer, parsed and validated against the
+    /// schema (also the run output's `parsed`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub parsed: Option<serde_json::Value>,
+}
+
+/// `output_rejected`: the final answer (the last assistant message's text) did not match the
+/// run's `output_schema`; the user message it announces tells the model what was wrong.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OutputRejected {
+    /// The stored user message with the validation errors (role `user`).
+    pub message_id: MessageId,
+    /// What did not match: not JSON, or up to 20 violations, each with its JSON pointer,
+    /// joined by `; `.
+    pub errors: String,
+    /// Which corrective turn this is, from 1 (at most the server's
+    /// `runtime.output_corrections`).
+    pub attempt: u32,
 }
 
 /// `run_failed` (proto `RunFailedEvent`), terminal.

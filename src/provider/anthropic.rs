@@ -216,7 +216,8 @@ fn classify(status: Option<u16>, detail: &ErrorDetail) -> ErrorClass {
 /// messages joined (blank line between) into the top-level `system`; `temperature`, `top_p`,
 /// `stop_sequences` when set; `tool_choice.disable_parallel_tool_use` when
 /// `parallel_tool_calls` is set and tools are offered; `provider_options` last, except
-/// [`OWNED_KEYS`]; the other messages as `user`/`assistant` turns of content
+/// [`OWNED_KEYS`], then the run's output schema as `output_config.format` (`json_schema`, see
+/// `provider::structured`); the other messages as `user`/`assistant` turns of content
 /// blocks, consecutive messages of one side merged into one turn (so all `tool_result` blocks
 /// answering one assistant turn travel in one user message, in call order).
 ///
@@ -305,6 +306,12 @@ fn request_body(request: &ModelRequest, max_tokens: u32, thinking_budget: Option
         body.insert("tool_choice".to_owned(), choice);
     }
     super::merge_options(&mut body, &request.provider_options, OWNED_KEYS);
+    if let Some(output) = &request.output {
+        body.insert(
+            super::structured::ANTHROPIC_KEY.to_owned(),
+            output.anthropic(),
+        );
+    }
     Value::Object(body)
 }
 

@@ -8,6 +8,7 @@ pub mod openai;
 pub mod retry;
 pub mod scripted;
 mod sse;
+pub mod structured;
 #[cfg(test)]
 mod testing;
 
@@ -69,6 +70,10 @@ pub struct ModelRequest {
     /// Extra top-level fields of the request body, merged in last, except the keys the
     /// adapter owns ([`owned_keys`]), which it never lets them replace.
     pub provider_options: serde_json::Map<String, serde_json::Value>,
+    /// The JSON Schema the answer must match, sent in the wire format's own form
+    /// ([`structured`]); `None`: free text (also for a provider with
+    /// `structured_output = "prompt"`, whose runs carry the schema in `instructions`).
+    pub output: Option<structured::StructuredOutput>,
 }
 
 /// The request-body keys an adapter of `kind` writes itself (or models as a field of

@@ -466,7 +466,8 @@ pub const OWNED_KEYS: &[&str] = &[
 /// context's leading system messages are joined into it, blank-line separated); the output limit
 /// goes in the configured `max_tokens_field`; `temperature`, `top_p`, `stop`, `seed` when set,
 /// `parallel_tool_calls` when set and tools are offered (the API refuses it without tools);
-/// `reasoning_effort` when configured; then `provider_options`, except [`OWNED_KEYS`].
+/// `reasoning_effort` when configured; then `provider_options`, except [`OWNED_KEYS`]; then
+/// the run's output schema as `response_format` (`json_schema`, see `provider::structured`).
 /// Assistant messages with neither text nor tool calls (nor reasoning to replay) are left
 /// out: the API rejects them.
 fn request_body(request: &ModelRequest, options: &Options) -> Value {
@@ -566,6 +567,9 @@ fn request_body(request: &ModelRequest, options: &Options) -> Value {
         }
     }
     super::merge_options(&mut body, &request.provider_options, OWNED_KEYS);
+    if let Some(output) = &request.output {
+        body.insert(super::structured::OPENAI_KEY.to_owned(), output.openai());
+    }
     Value::Object(body)
 }
 

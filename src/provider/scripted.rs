@@ -24,6 +24,11 @@
 //! - anything else: a fixed greeting that quotes the input (and the run's instructions, when
 //!   it has some, so a demo shows they arrive).
 //!
+//! A request with an output schema (a run's `output_schema`) is answered, where it would be
+//! answered with text, with the schema's minimal instance as JSON text
+//! ([`super::structured::minimal_instance`]: required properties only, `""`, `0`, `false`, the
+//! first `enum` value, …) — deterministic, so a demo shows the shape arriving parsed.
+//!
 //! Of the model parameters it honours `max_output_tokens`, `stop` (the reply ends before the
 //! first stop sequence, `Finished(Stop)`) and `parallel_tool_calls = false` (only the first
 //! requested call is made); `temperature`, `top_p`, `seed` and `provider_options` are accepted
@@ -183,7 +188,15 @@ impl Scripted {
                 let index = self.next_turn.fetch_add(1, Ordering::Relaxed) % script.turns.len();
                 script.turns[index].clone()
             }
-            None => built_in_turn(request),
+            None => {
+                let mut turn = built_in_turn(request);
+                if let Some(output) = &request.output
+                    && turn.tool_calls.is_empty()
+                {
+                    turn.text = super::structured::minimal_instance(&output.schema).to_string();
+                }
+                turn
+            }
         }
     }
 }

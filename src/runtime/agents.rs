@@ -127,6 +127,9 @@ impl Runtime {
         effective.action_timeout_ms = request
             .action_timeout_ms
             .or(preset_or_default.action_timeout_ms);
+        if effective.output_schema.is_none() {
+            effective.output_schema = preset_or_default.output_schema;
+        }
         // The request's options go over the preset's, key by key.
         if let Some(mut options) = preset_or_default.provider_options {
             if let Some(serde_json::Value::Object(own)) = &request.provider_options {
@@ -149,6 +152,7 @@ impl Runtime {
             doom_loop: preset
                 .and_then(|p| p.doom_loop.as_ref())
                 .map(|o| o.over(&self.config.doom_loop)),
+            output_schema: effective.output_schema.clone(),
         };
         let remember = SessionDefaults {
             agent: request.agent.clone(),
@@ -258,6 +262,9 @@ impl Runtime {
                 provider: provider.to_owned(),
                 model: model_name.to_owned(),
             })?;
+        if let Some(input) = &request.input {
+            super::images::check(input, &model, provider, model_name)?;
+        }
         if let Some(max) = request.max_output_tokens
             && max > model.max_output_tokens
         {
@@ -311,6 +318,9 @@ impl Runtime {
                 ));
             }
         }
+        if let Some(schema) = &request.output_schema {
+            super::structured::check_schema(schema, request.provider_options.as_ref(), kind)?;
+        }
         if let Some(serde_json::Value::Object(options)) = &request.provider_options {
             let owned = crate::provider::owned_keys(kind);
             if let Some(key) = options.keys().find(|key| owned.contains(&key.as_str())) {
@@ -335,7 +345,7 @@ impl Runtime {
         for (name, preset) in &self.agents {
             let request = CreateRunRequest {
                 agent: Some(name.clone()),
-                input: Some("check".to_owned()),
+                input: Some("check".into()),
                 ..CreateRunRequest::default()
             };
             match self.resolve(&request, None) {
@@ -450,6 +460,7 @@ pub(super) fn model_request(
     messages: Vec<crate::domain::Message>,
     tools: Vec<ToolSpec>,
     tool_choice: ToolChoice,
+    structured_output: crate::config::StructuredOutputMode,
 ) -> ModelRequest {
     let parameters = &record.parameters;
     ModelRequest {
@@ -458,13 +469,14 @@ pub(super) fn model_request(
         tools,
         tool_choice,
         max_output_tokens: Some(max_output_tokens(record, model)),
-        instructions: record.instructions.clone(),
+        instructions: super::structured::instructions(record, structured_output),
         temperature: parameters.temperature,
         top_p: parameters.top_p,
         stop: parameters.stop.clone().unwrap_or_default(),
         seed: parameters.seed,
         parallel_tool_calls: parameters.parallel_tool_calls,
         provider_options: record.provider_options.clone().unwrap_or_default(),
+        output: super::structured::native(record, structured_output),
     }
 }
 

@@ -9,6 +9,7 @@ pub mod compaction;
 mod doom_loop;
 mod end;
 mod event_log;
+mod images;
 mod model_turn;
 mod recovery;
 mod resume;
@@ -16,6 +17,7 @@ mod retention;
 mod run_loop;
 mod sessions;
 mod signals;
+mod structured;
 pub mod tokens;
 mod tool_exec;
 pub mod trail;
@@ -43,6 +45,7 @@ pub use agents::{Answer, AnswerError};
 pub use compaction::{CompactError, SettingsError};
 pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
+pub use structured::parsed_output;
 pub use trail::{RunTrail, TrailError};
 
 /// A configured provider: its adapter and its models.
@@ -349,7 +352,7 @@ impl Runtime {
             model: effective.model.unwrap_or_default(),
             tool_choice: effective.tool_choice.unwrap_or_default(),
             metadata: effective.metadata.unwrap_or_else(|| serde_json::json!({})),
-            input: effective.input.unwrap_or_default(),
+            input: effective.input.unwrap_or_default().content(),
             user_message_id: MessageId::new(),
             tools: effective.tools,
             agent: effective.agent,

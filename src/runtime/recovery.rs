@@ -386,7 +386,7 @@ mod tests {
                 model: "demo".to_owned(),
                 tool_choice: crate::domain::ToolChoice::default(),
                 metadata: serde_json::json!({}),
-                input: "hi".to_owned(),
+                input: crate::domain::RunInput::from("hi").content(),
                 user_message_id: MessageId::new(),
                 tools: None,
                 agent: None,

@@ -71,6 +71,8 @@ pub(super) fn plan(
         };
     }
     let next = match assistant_messages.last() {
+        // The answer was rejected and the corrective message stored: the model answers again.
+        _ if call.turn.output_rejected => Next::ModelCall(iteration.saturating_add(1)),
         None => Next::ModelCall(iteration),
         Some(turn) if turn.tool_calls.is_empty() => {
             Next::Complete(record.finish_reason.unwrap_or(FinishReason::Stop))

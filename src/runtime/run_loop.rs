@@ -12,6 +12,7 @@ use super::agents::{self, Decision, RunAgent, WaitError};
 use super::compaction::{self, Conversation, Window};
 use super::model_turn::{self, ModelCall, ModelTurn, TurnError};
 use super::resume::{self, Next, PendingCalls};
+use super::structured::{OutputCheck, Verdict};
 use super::tokens::Reply;
 use super::tool_exec::{self, Execution, commit_tool_message, skip_calls};
 use super::{DoomLoopDetector, LogError, ProviderEntry, RunEmitter, Runtime, end};
@@ -22,7 +23,7 @@ use crate::domain::{
 };
 use crate::events::{
     ContextBuilt, DoomLoopDetected, EventPayload, MessageCommitted, ModelRetrying, ModelStarted,
-    RunResumed, RunStarted, UsageRecorded,
+    OutputRejected, RunResumed, RunStarted, UsageRecorded,
 };
 use crate::provider::{ProviderError, ToolSpec};
 use crate::store::{RunChange, SnapshotWrite, StoreError};
@@ -53,6 +54,9 @@ enum RunFailure {
     /// The `requires_action` wait passed its deadline.
     #[error("{0}")]
     Expired(String),
+    /// The final answer did not match the run's `output_schema`, corrective turns included.
+    #[error("{0}")]
+    OutputInvalid(String),
 }
 
 impl From<WaitError> for RunFailure {
@@ -75,6 +79,7 @@ impl RunFailure {
             Self::Suspended | Self::Cancelled => ErrorClass::Interrupted,
             Self::Log(_) | Self::Store(_) | Self::Internal(_) => ErrorClass::Internal,
             Self::Expired(_) => ErrorClass::ActionExpired,
+            Self::OutputInvalid(_) => ErrorClass::OutputInvalid,
         }
     }
 }
@@ -110,6 +115,8 @@ impl RunFailure {
 /// How the loop ended well (the iterations are the trail's).
 struct Completion {
     finish_reason: FinishReason,
+    /// The final answer parsed, for a run with an `output_schema`.
+    parsed: Option<serde_json::Value>,
 }
 
 struct RunContext {
@@ -203,6 +210,7 @@ pub(super) async fn supervise(
         Ok(completion) => (
             RunEnd::Completed {
                 finish_reason: completion.finish_reason,
+                parsed: completion.parsed,
             },
             tool_exec::NOT_EXECUTED,
         ),
@@ -253,6 +261,8 @@ struct Progress {
     tool_calls_made: u32,
     doom_loop: Option<DoomLoopDetector>,
     tools: Vec<ToolSpec>,
+    /// The run's `output_schema` and its corrective turns.
+    output: Option<OutputCheck>,
 }
 
 #[tracing::instrument(skip_all, fields(run_id = %context.record.id))]
@@ -287,6 +297,11 @@ async fn execute(context: RunContext, resumed: bool) -> Result<Completion, RunFa
             .enabled
             .then(|| DoomLoopDetector::new(doom_loop.threshold).allowing(&doom_loop.allow)),
         tools: agents::tool_specs(&runtime, record),
+        output: OutputCheck::of(
+            record,
+            config.output_corrections,
+            context.emitter.trail().output_rejections(),
+        ),
     };
     let result = iterate(&context, &entry, &mut progress, resumed).await;
     if let Some((messages, counter)) = progress.context.into_loaded(loaded_len) {
@@ -424,10 +439,17 @@ async fn iterate(
         // No text and no tool call: nothing is stored (an empty assistant message would make
         // the session's next request invalid); the run completes with the model's reason.
         if turn.is_empty() {
-            return Ok(Completion {
-                finish_reason: turn.finish_reason,
-            });
+            match settle_answer(context, progress, "", turn.finish_reason).await? {
+                Some(completion) => return Ok(completion),
+                None => continue,
+            }
         }
+        // The answer a run with an `output_schema` is checked by.
+        let answer = if progress.output.is_some() {
+            turn.text.clone()
+        } else {
+            String::new()
+        };
         let content = if turn.text.is_empty() {
             Vec::new()
         } else {
@@ -455,9 +477,10 @@ async fn iterate(
         progress.context.push(assistant);
 
         if turn.tool_calls.is_empty() {
-            return Ok(Completion {
-                finish_reason: turn.finish_reason,
-            });
+            match settle_answer(context, progress, &answer, turn.finish_reason).await? {
+                Some(completion) => return Ok(completion),
+                None => continue,
+            }
         }
         run_tools(context, progress, message_id, &turn.tool_calls, None).await?;
     }
@@ -494,6 +517,7 @@ async fn call_model(
             progress.context.request_messages(),
             progress.tools.clone(),
             tool_choice_for(&record.tool_choice, iteration),
+            entry.config.structured_output,
         );
         let announce = events.take().unwrap_or_default();
         let estimate = progress.context.usage(&Reply {
@@ -621,7 +645,17 @@ async fn resume(context: &RunContext, progress: &mut Progress) -> Result<Resumed
     }
     match plan.next {
         Next::ModelCall(iteration) => Ok(Resumed::At(iteration)),
-        Next::Complete(finish_reason) => Ok(Resumed::Done(Completion { finish_reason })),
+        Next::Complete(finish_reason) => {
+            let text = plan
+                .assistant_messages
+                .last()
+                .map(super::structured::answer_text)
+                .unwrap_or_default();
+            match settle_answer(context, progress, &text, finish_reason).await? {
+                Some(completion) => Ok(Resumed::Done(completion)),
+                None => Ok(Resumed::At(next_iteration.saturating_add(1))),
+            }
+        }
         Next::Tools(pending) => {
             let (message_id, turn_calls) = plan
                 .assistant_messages
@@ -743,6 +777,59 @@ async fn run_tools(
         progress.context.push(message);
     }
     Ok(())
+}
+
+/// The end of a turn without tool calls: the run completes — for a run with an
+/// `output_schema`, once `text` (the answer) is valid. An invalid answer gets a corrective turn
+/// while one is left (`output_rejected` with the stored user message; `None`: the loop calls
+/// the model again), else the run fails with `output_invalid`.
+async fn settle_answer(
+    context: &RunContext,
+    progress: &mut Progress,
+    text: &str,
+    finish_reason: FinishReason,
+) -> Result<Option<Completion>, RunFailure> {
+    let Some(output) = progress.output.as_mut() else {
+        return Ok(Some(Completion {
+            finish_reason,
+            parsed: None,
+        }));
+    };
+    match output.check(text) {
+        Verdict::Valid(parsed) => Ok(Some(Completion {
+            finish_reason,
+            parsed: Some(parsed),
+        })),
+        Verdict::Fail(error) => Err(RunFailure::OutputInvalid(error)),
+        Verdict::Correct {
+            attempt,
+            errors,
+            message,
+        } => {
+            let correction = tool_exec::new_message(
+                &context.record,
+                Role::User,
+                vec![ContentPart::Text { text: message }],
+                Vec::new(),
+            );
+            context
+                .emitter
+                .emit_with(
+                    EventPayload::OutputRejected(OutputRejected {
+                        message_id: correction.id,
+                        errors,
+                        attempt,
+                    }),
+                    RunChange {
+                        message: Some(correction.clone()),
+                        ..RunChange::default()
+                    },
+                )
+                .await?;
+            progress.context.push(correction);
+            Ok(None)
+        }
+    }
 }
 
 /// A change that only moves the run to `status`.

@@ -134,6 +134,9 @@ pub struct Turn {
     pub doom_loop: Option<String>,
     /// The calls the turn paused for (`tool_calls_required`).
     pub required_action: Option<RequiredAction>,
+    /// Its answer did not match the run's `output_schema` (`output_rejected`): a corrective
+    /// user message follows it and the model is called again.
+    pub output_rejected: bool,
 }
 
 /// The run's last model call and what followed it.
@@ -192,6 +195,8 @@ pub struct RunTrail {
     /// The sequence of a `context_compaction_started` whose outcome is not logged yet.
     compaction: Option<u64>,
     resumed: u32,
+    /// `output_rejected` events so far (corrective turns used).
+    output_rejections: u32,
     end: Option<RunEnd>,
     broken: Option<TrailError>,
 }
@@ -331,6 +336,12 @@ impl RunTrail {
     #[must_use]
     pub fn resumed(&self) -> u32 {
         self.resumed
+    }
+
+    /// Corrective turns logged so far (`output_rejected` events).
+    #[must_use]
+    pub fn output_rejections(&self) -> u32 {
+        self.output_rejections
     }
 
     /// How the run ended, once its terminal event is logged.
@@ -566,6 +577,26 @@ impl RunTrail {
                     return Err(format!("names call `{}`, not the turn's", pending.call_id));
                 }
                 call.turn.required_action = Some(action.clone());
+            }
+            EventPayload::OutputRejected(rejected) => {
+                let call = self
+                    .call
+                    .as_mut()
+                    .filter(|call| matches!(call.phase, CallPhase::Committed | CallPhase::Streamed))
+                    .ok_or("comes without a model call that ended")?;
+                if !call.tool_calls.is_empty() || call.turn.output_rejected {
+                    return Err("comes other than once after an answer without tool calls".into());
+                }
+                if rejected.attempt != self.output_rejections + 1 {
+                    return Err(format!(
+                        "says attempt {} after {} rejections",
+                        rejected.attempt, self.output_rejections
+                    ));
+                }
+                // An empty answer was not committed; the corrective turn closes the call too.
+                call.phase = CallPhase::Committed;
+                call.turn.output_rejected = true;
+                self.output_rejections += 1;
             }
             EventPayload::DoomLoopDetected(detected) => {
                 let call = self.committed()?;

@@ -177,8 +177,9 @@ pub struct NewRun {
     pub tool_choice: ToolChoice,
     /// Client metadata (a JSON object).
     pub metadata: serde_json::Value,
-    /// The user's input, stored as one user message with id `user_message_id`.
-    pub input: String,
+    /// The user's input, stored as one user message with id `user_message_id` (its content
+    /// parts: text, images).
+    pub input: Vec<crate::domain::ContentPart>,
     /// Id of the user message.
     pub user_message_id: MessageId,
     /// The run's tools (server tool names, client tool definitions); `None`: every server tool.
@@ -379,9 +380,7 @@ impl NewRun {
             session_id: self.session_id,
             run_id: self.id,
             role: crate::domain::Role::User,
-            content: vec![crate::domain::ContentPart::Text {
-                text: self.input.clone(),
-            }],
+            content: self.input.clone(),
             reasoning: Vec::new(),
             tool_calls: Vec::new(),
             tool_call_id: None,

@@ -485,6 +485,10 @@ async fn a_bad_preset_stops_startup() {
             "provider = \"claude\"\nmodel = \"fake-model\"\n[agents.bad.parameters]\nseed = 1\n",
             "seed",
         ),
+        (
+            "provider = \"fake\"\nmodel = \"fake-model\"\noutput_schema = { allOf = [{ \"$ref\" = \"#\" }] }\n",
+            "`output_schema`: has a `$ref` cycle",
+        ),
     ] {
         let config = config("http://127.0.0.1:9/v1", &format!("[agents.bad]\n{preset}"));
         let tools = Arc::new(behest::tools::ToolRegistry::default());

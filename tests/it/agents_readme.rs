@@ -119,3 +119,31 @@ async fn the_preset_example_runs_with_examples_agents_toml() {
     let waiting = server.get_json("/runs?status=requires_action").await;
     assert_eq!(waiting["runs"], serde_json::json!([]), "{waiting}");
 }
+
+#[tokio::test]
+async fn the_structured_output_and_image_examples_run_against_the_demo() {
+    let server = DemoServer::start().await;
+    let host = server.url.trim_start_matches("http://").to_owned();
+
+    let out = run(&block("### Structured output", 0), &host).await;
+    assert!(
+        out.contains(r#""type":"run_completed","finish_reason":"stop","iterations":1,"parsed":{"budget":"low","city":"x","days":2}"#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#""error_class":null,"parsed":{"budget":"low","city":"x","days":2}}"#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#""code":"invalid_field","field":"output_schema""#),
+        "{out}"
+    );
+
+    let out = run(&block("### Images in the input", 0), &host).await;
+    assert!(
+        out.contains(r#""role":"user","content":[{"type":"text","text":"What is in this picture?"},{"type":"image","url":"data:image/png;base64,iVBORw0KGgo"#),
+        "{out}"
+    );
+    assert!(out.contains(r#""mime_type":"image/png"}]"#), "{out}");
+    assert!(out.contains(r#""role":"assistant""#), "{out}");
+}

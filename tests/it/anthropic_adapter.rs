@@ -39,6 +39,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
             ModelConfig {
                 context_window: 200_000,
                 max_output_tokens: 8192,
+                text_only: false,
             },
         )]),
         max_tokens_field: None,
@@ -47,6 +48,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
         reasoning_effort: None,
         instructions_role: Default::default(),
         thinking_budget_tokens: None,
+        structured_output: Default::default(),
         token_delay_ms: None,
         script: None,
         api_key: Some(Secret(SecretString::from(API_KEY))),

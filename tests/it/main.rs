@@ -42,6 +42,8 @@ mod first_hour;
 #[cfg(test)]
 mod frontends;
 #[cfg(test)]
+mod images;
+#[cfg(test)]
 mod input;
 #[cfg(test)]
 mod llama_server;
@@ -79,6 +81,8 @@ mod session_validity;
 mod snapshots;
 #[cfg(test)]
 mod store;
+#[cfg(test)]
+mod structured_output;
 #[cfg(test)]
 mod tool_loop;
 #[cfg(test)]

@@ -40,6 +40,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
             ModelConfig {
                 context_window: 128_000,
                 max_output_tokens: 16_384,
+                text_only: false,
             },
         )]),
         max_tokens_field: None,
@@ -48,6 +49,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
         reasoning_effort: None,
         instructions_role: Default::default(),
         thinking_budget_tokens: None,
+        structured_output: Default::default(),
         token_delay_ms: None,
         script: None,
         api_key: Some(Secret(SecretString::from(API_KEY))),

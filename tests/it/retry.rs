@@ -39,6 +39,7 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
             ModelConfig {
                 context_window: 100_000,
                 max_output_tokens: 1_000,
+                text_only: false,
             },
         )]),
         max_tokens_field: None,
@@ -47,6 +48,7 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
         reasoning_effort: None,
         instructions_role: Default::default(),
         thinking_budget_tokens: None,
+        structured_output: Default::default(),
         token_delay_ms: None,
         script: None,
         api_key: Some(Secret(SecretString::from("sk-test-retry"))),

@@ -348,7 +348,7 @@ async fn restart_fails_runs_left_active(backend: Backend) {
         model: "fake-model".to_owned(),
         tool_choice: Default::default(),
         metadata: json!({}),
-        input: "left behind".to_owned(),
+        input: behest::domain::RunInput::from("left behind").content(),
         user_message_id: behest::domain::MessageId::new(),
         tools: None,
         agent: None,

@@ -250,7 +250,7 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
             model: "fake-model".to_owned(),
             tool_choice: Default::default(),
             metadata: json!({}),
-            input: "add 4 and 4".to_owned(),
+            input: behest::domain::RunInput::from("add 4 and 4").content(),
             user_message_id: MessageId::new(),
             tools: None,
             agent: None,

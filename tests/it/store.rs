@@ -23,7 +23,7 @@ fn new_run(session_id: SessionId, create_session: bool) -> NewRun {
         model: "fake-model".to_owned(),
         tool_choice: ToolChoice::default(),
         metadata: json!({"zeta": 1, "alpha": "é ✓ 🌍", "nested": {"b": [1, 2], "a": null}}),
-        input: "Bonjour, ça va ? 你好".to_owned(),
+        input: behest::domain::RunInput::from("Bonjour, ça va ? 你好").content(),
         user_message_id: MessageId::new(),
         tools: None,
         agent: None,
@@ -69,7 +69,7 @@ async fn create_run_stores_session_run_and_user_message(backend: Backend) {
     let messages = store.session_messages(run.session_id).await.unwrap();
     assert_eq!(messages.len(), 1);
     assert_eq!(messages[0].role, Role::User);
-    assert_eq!(messages[0].text(), run.input);
+    assert_eq!(messages[0].content, run.input);
     assert_eq!(messages[0].id, run.user_message_id);
     db.cleanup().await;
 }
@@ -122,6 +122,7 @@ async fn complete(store: &dyn Store, run_id: RunId) {
         event: event(1, "run_completed", true),
         outcome: Some(RunEnd::Completed {
             finish_reason: FinishReason::Stop,
+            parsed: None,
         }),
         change: RunChange::default(),
     };
@@ -211,6 +212,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
             event: event(5, "run_completed", true),
             outcome: Some(RunEnd::Completed {
                 finish_reason: FinishReason::Stop,
+                parsed: None,
             }),
             change: RunChange::default(),
         },
@@ -227,6 +229,7 @@ async fn events_round_trip_and_terminal_outcome_is_atomic(backend: Backend) {
         event: event(6, "run_completed", true),
         outcome: Some(RunEnd::Completed {
             finish_reason: FinishReason::Stop,
+            parsed: None,
         }),
         change: RunChange::default(),
     }];
@@ -664,6 +667,7 @@ async fn snapshots_follow_boundaries_and_retention_removes_them(backend: Backend
         event: event(3, "run_completed", true),
         outcome: Some(RunEnd::Completed {
             finish_reason: FinishReason::Stop,
+            parsed: None,
         }),
         change: RunChange::default(),
     };
@@ -931,6 +935,7 @@ async fn sessions_pages_and_defaults(backend: Backend) {
             event: event(1, "run_completed", true),
             outcome: Some(RunEnd::Completed {
                 finish_reason: FinishReason::Stop,
+                parsed: None,
             }),
             change: RunChange::default(),
         };
@@ -1084,6 +1089,7 @@ async fn compactions_context_settings_and_breaker(backend: Backend) {
         event: event(5, "run_completed", true),
         outcome: Some(RunEnd::Completed {
             finish_reason: FinishReason::Stop,
+            parsed: None,
         }),
         change: RunChange::default(),
     };
@@ -1296,6 +1302,7 @@ async fn a_batch_of_runs_changes_reads_as_one_after_another(backend: Backend) {
     ended.event = event(3, "run_completed", true);
     ended.outcome = Some(RunEnd::Completed {
         finish_reason: FinishReason::Stop,
+        parsed: None,
     });
     let batch = vec![
         boundary(a, 1, 1, usage(10)),

@@ -13,7 +13,7 @@ const EVENT_TYPES = [
   'tool_execution_started', 'tool_execution_finished', 'assistant_message_committed',
   'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
   'run_cancelled', 'doom_loop_detected', 'context_compacted', 'compaction_circuit_opened',
-  'run_resumed', 'tool_calls_required', 'context_compaction_started',
+  'run_resumed', 'tool_calls_required', 'context_compaction_started', 'output_rejected',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -210,9 +210,24 @@ function scrollToEnd() {
   if (last) last.scrollIntoView({ block: 'end' });
 }
 
-function userMessage(parent, text) {
+function userMessage(parent, text, parts) {
   const node = el('div', 'msg user');
   node.append(el('span', 'who', 'You'), el('span', 'text', text));
+  // Image parts of the input: shown when inline (a data: URL), named by their URL otherwise.
+  for (const part of parts || []) {
+    if (part.type !== 'image') continue;
+    if (part.url.startsWith('data:image/')) {
+      const img = document.createElement('img');
+      img.className = 'input-image';
+      img.alt = 'image (' + (part.mime_type || 'image') + ')';
+      img.src = part.url;
+      img.style.maxWidth = '240px';
+      img.style.display = 'block';
+      node.append(img);
+    } else {
+      node.append(el('span', 'muted', ' [image: ' + part.url + ']'));
+    }
+  }
   parent.append(node);
 }
 
@@ -265,7 +280,7 @@ async function openSession(sessionId) {
     for (const message of messages.messages || []) {
       const text = (message.content || []).map((part) =>
         part.type === 'text' ? part.text : part.type === 'json' ? json(part.value) : '').join('');
-      if (message.role === 'user') userMessage(transcript, text);
+      if (message.role === 'user') userMessage(transcript, text, message.content);
       else if (message.role === 'assistant') {
         if (text) {
           const bubble = assistantBubble(transcript);
@@ -309,7 +324,7 @@ async function openRun(run) {
   try {
     const messages = await api('/sessions/' + run.session_id + '/messages');
     const input = (messages.messages || []).find((m) => m.run_id === run.id && m.role === 'user');
-    if (input) userMessage(transcript, input.content.map((p) => p.text || '').join(''));
+    if (input) userMessage(transcript, input.content.map((p) => p.text || '').join(''), input.content);
   } catch (_) { /* the events still replay */ }
   watch(run.id, transcript);
 }
@@ -523,6 +538,13 @@ function apply(current, transcript, event) {
       }
       current.bubble = null;
       note(transcript, 'muted', 'The server restarted; the run goes on.');
+      break;
+    case 'output_rejected':
+      // The answer did not match the run's output_schema: the model is asked again.
+      current.bubble = null;
+      current.callText = null;
+      note(transcript, 'muted', 'The answer does not match the output schema (correction '
+        + event.attempt + '): ' + event.errors);
       break;
     case 'run_failed':
       note(transcript, 'error', 'Run failed' + (event.error_class ? ' (' + event.error_class + ')' : '')

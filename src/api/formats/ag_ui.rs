@@ -565,6 +565,7 @@ impl Projection for AgUi {
             EventPayload::CacheMetrics(_)
             | EventPayload::ModelRetrying(_)
             | EventPayload::ContextCompactionStarted(_)
+            | EventPayload::OutputRejected(_)
             | EventPayload::ContextCompacted(_)
             | EventPayload::DoomLoopDetected(_)
             | EventPayload::CompactionCircuitOpened(_) => {

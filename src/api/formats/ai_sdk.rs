@@ -322,6 +322,7 @@ impl Projection for AiSdk {
             EventPayload::CacheMetrics(_)
             | EventPayload::ModelRetrying(_)
             | EventPayload::ContextCompactionStarted(_)
+            | EventPayload::OutputRejected(_)
             | EventPayload::ContextCompacted(_)
             | EventPayload::DoomLoopDetected(_)
             | EventPayload::CompactionCircuitOpened(_) => out.push(json!({

@@ -132,6 +132,7 @@ impl Log {
         self.push(EventPayload::RunCompleted(RunCompleted {
             finish_reason: FinishReason::Stop,
             iterations,
+            parsed: None,
         }));
     }
 

@@ -314,6 +314,7 @@ mod tests {
         let model = ModelConfig {
             context_window: 8_000,
             max_output_tokens: 1_000,
+            text_only: false,
         };
         let window = Window::of(model, 1_000);
         let settings = CompactionConfig {
@@ -348,6 +349,7 @@ mod tests {
             let model = ModelConfig {
                 context_window: context,
                 max_output_tokens: output,
+                text_only: false,
             };
             let window = Window::of(model, output);
             assert_eq!(window.threshold(&defaults), threshold, "{context}");
@@ -363,6 +365,7 @@ mod tests {
             ModelConfig {
                 context_window: 8_000,
                 max_output_tokens: 1_024,
+                text_only: false,
             },
             1_024,
         );

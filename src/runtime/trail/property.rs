@@ -336,6 +336,7 @@ impl Script<'_> {
         if stream.text.is_empty() && stream.calls.is_empty() {
             return self.end(RunEnd::Completed {
                 finish_reason: FinishReason::Stop,
+                parsed: None,
             });
         }
         self.emit(EventPayload::AssistantMessageCommitted(MessageCommitted {
@@ -344,6 +345,7 @@ impl Script<'_> {
         if stream.calls.is_empty() {
             return self.end(RunEnd::Completed {
                 finish_reason: FinishReason::Stop,
+                parsed: None,
             });
         }
         let count = stream.calls.len();
@@ -636,7 +638,7 @@ fn new_run(id: RunId) -> NewRun {
         model: "m".to_owned(),
         tool_choice: crate::domain::ToolChoice::default(),
         metadata: json!({}),
-        input: "hi".to_owned(),
+        input: crate::domain::RunInput::from("hi").content(),
         user_message_id: MessageId::new(),
         tools: None,
         agent: None,

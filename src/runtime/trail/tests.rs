@@ -10,9 +10,10 @@ use crate::domain::{
     SessionId, TokenUsage, ToolCall,
 };
 use crate::events::{
-    ContextBuilt, DoomLoopDetected, MessageCommitted, ModelRetrying, ModelStarted, RunCompleted,
-    RunResumed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta, ToolCallStarted,
-    ToolExecutionFinished, ToolExecutionStarted, ToolFailure, ToolSuccess, UsageRecorded,
+    ContextBuilt, DoomLoopDetected, MessageCommitted, ModelRetrying, ModelStarted, OutputRejected,
+    RunCompleted, RunResumed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta,
+    ToolCallStarted, ToolExecutionFinished, ToolExecutionStarted, ToolFailure, ToolSuccess,
+    UsageRecorded,
 };
 use crate::runtime::resume::{self, Next};
 use crate::runtime::tool_exec::new_message;
@@ -231,6 +232,7 @@ fn run_completed(iterations: u32) -> EventPayload {
     EventPayload::RunCompleted(RunCompleted {
         finish_reason: FinishReason::Stop,
         iterations,
+        parsed: None,
     })
 }
 
@@ -288,7 +290,8 @@ fn cut_mid_text() {
     assert_eq!(
         log.fold().end(),
         Some(&RunEnd::Completed {
-            finish_reason: FinishReason::Stop
+            finish_reason: FinishReason::Stop,
+            parsed: None,
         })
     );
 }
@@ -499,6 +502,36 @@ fn a_resumed_run_whose_answer_was_committed_completes() {
     assert!(illegal(&log.rejects(resumed(3, None))).contains("iteration 3"));
     log.push(resumed(1, None));
     log.push(run_completed(1));
+}
+
+fn rejected(attempt: u32) -> EventPayload {
+    EventPayload::OutputRejected(OutputRejected {
+        message_id: MessageId::new(),
+        errors: "the answer is not JSON".to_owned(),
+        attempt,
+    })
+}
+
+#[test]
+fn a_rejected_answer_is_answered_again_also_after_a_restart() {
+    let mut log = Log::opened();
+    let answer = log.turn(1, "not json", &[]);
+    // Counted from 1, once per answer.
+    assert!(illegal(&log.rejects(rejected(2))).contains("attempt 2"));
+    log.push(rejected(1));
+    assert!(illegal(&log.rejects(rejected(2))).contains("once"));
+    let trail = log.fold();
+    assert_eq!(trail.output_rejections(), 1);
+    // Taken over here, the run makes its next model call instead of completing.
+    let plan = resume::plan(&trail, &log.record, vec![answer.clone()], &[answer]);
+    assert!(matches!(plan.next, Next::ModelCall(2)), "{:?}", plan.next);
+    log.push(resumed(2, None));
+    log.turn(2, "{}", &[]);
+    log.push(run_completed(2));
+    // Not after a turn with tool calls.
+    let mut tools = Log::opened();
+    tools.turn(1, "", &["c1"]);
+    assert!(illegal(&tools.rejects(rejected(1))).contains("tool calls"));
 }
 
 #[test]

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::sessions::MESSAGE_COLUMNS;
 use super::{corrupt, count, error_class, json, text, to_i64, to_json};
 use crate::domain::{
-    ContentPart, FinishReason, RunDefinition, RunId, RunRecord, RunStatus, SessionId, TokenUsage,
+    FinishReason, RunDefinition, RunId, RunRecord, RunStatus, SessionId, TokenUsage,
 };
 use crate::store::{
     NewRun, PostgresStore, RunFilter, RunStore, SqliteStore, StoreError, StoreResult,
@@ -61,6 +61,7 @@ impl TryFrom<RunRow> for RunRecord {
             tool_timeout_ms: definition.tool_timeout_ms,
             action_timeout_ms: definition.action_timeout_ms,
             doom_loop: definition.doom_loop,
+            output_schema: definition.output_schema,
             required_action: row
                 .required_action
                 .map(|a| json("required_action", &a))
@@ -287,9 +288,7 @@ macro_rules! impl_run_store {
                         .execute(&mut *tx)
                         .await?;
                     }
-                    let content = to_json(&[ContentPart::Text {
-                        text: run.input.clone(),
-                    }])?;
+                    let content = to_json(&run.input)?;
                     sqlx::query(&format!(
                         "INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ($1, $2, $3, 'user', $4, \
                          '[]', NULL, NULL, $5, '[]', 'completed')"
