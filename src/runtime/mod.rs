@@ -526,8 +526,11 @@ impl Runtime {
         match local {
             Some((token, ended)) => {
                 // Recorded first: an answer to a waiting run that comes after this cancel is
-                // refused (`run_not_waiting`) instead of accepted and dropped.
-                self.store.request_cancel(run_id).await?;
+                // refused (`run_not_waiting`) instead of accepted and dropped. Not recorded:
+                // the run ended in the meantime, and its end stands.
+                if !self.store.request_cancel(run_id).await? {
+                    return self.ended_before_cancel(run_id, record).await;
+                }
                 token.cancel();
                 // This process may have just lost the run: its new owner hears it at once.
                 self.send_signal(Signal::Cancel(run_id)).await;
@@ -559,13 +562,26 @@ impl Runtime {
                         }
                     }
                 } else {
-                    self.store.request_cancel(run_id).await?;
+                    if !self.store.request_cancel(run_id).await? {
+                        return self.ended_before_cancel(run_id, record).await;
+                    }
                     self.send_signal(Signal::Cancel(run_id)).await;
                 }
             }
         }
         let now = self.store.get_run(run_id).await?.unwrap_or(record);
         Ok(Some(CancelOutcome::Cancelling(now)))
+    }
+
+    /// A cancel's outcome for a run that ended before the cancel could be recorded (the
+    /// store's conditional update found it terminal): its end, as it is stored.
+    async fn ended_before_cancel(
+        &self,
+        run_id: RunId,
+        record: RunRecord,
+    ) -> Result<Option<CancelOutcome>, StoreError> {
+        let now = self.store.get_run(run_id).await?.unwrap_or(record);
+        Ok(Some(Self::finished_outcome(now)))
     }
 
     /// A cancel's outcome for a run found terminal. Cancel is idempotent: a cancelled run

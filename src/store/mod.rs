@@ -291,6 +291,24 @@ pub struct EventWrite {
     pub change: RunChange,
 }
 
+/// The writes of a batch [`EventStore::append_events_as`] did not make.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refused {
+    /// Runs whose lease another process holds: none of their events in the batch were written.
+    pub fenced: Vec<RunId>,
+    /// Runs whose terminal event (a completion or failure) was not written because a cancel
+    /// had been recorded first (`request_cancel`); their other events were.
+    pub cancelled: Vec<RunId>,
+}
+
+impl Refused {
+    /// Nothing was refused.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.fenced.is_empty() && self.cancelled.is_empty()
+    }
+}
+
 /// Writes that belong with an event, committed in its transaction: the event is the proof
 /// that they happened, so neither can exist without the other.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -485,13 +503,14 @@ pub trait EventStore: Send + Sync {
 
     /// Appends events like [`EventStore::append_events`], as the process `owner`: the events of a
     /// run whose lease another process holds are not written (fencing: a process that lost a
-    /// run cannot write to its log); the others are, in one transaction. Returns the fenced
-    /// runs. `None` checks no lease.
+    /// run cannot write to its log), nor a completion or failure of a run whose cancel was
+    /// recorded first (it ends cancelled); the others are, in one transaction. Returns what
+    /// was refused. `None` checks no lease.
     async fn append_events_as(
         &self,
         owner: Option<&str>,
         events: &[EventWrite],
-    ) -> StoreResult<Vec<RunId>>;
+    ) -> StoreResult<Refused>;
 
     /// Up to `limit` events of the run with `sequence > after`, in order.
     async fn read_events(

@@ -295,7 +295,12 @@ struct Watched {
 /// Watches `run_id` from sequence 1 on `first` (a replica that does not own the run); when the
 /// stream breaks before the terminal event (its replica was killed), reconnects through the
 /// balancer with `Last-Event-ID`, as an SSE client does.
-fn watch(first: String, balancer: String, run_id: String) -> tokio::task::JoinHandle<Watched> {
+fn watch(
+    first: String,
+    balancer: String,
+    run_id: String,
+    progress: Arc<Mutex<String>>,
+) -> tokio::task::JoinHandle<Watched> {
     tokio::spawn(async move {
         let client = balanced_client();
         let mut text = String::new();
@@ -309,6 +314,7 @@ fn watch(first: String, balancer: String, run_id: String) -> tokio::task::JoinHa
                 request = request.header("Last-Event-ID", id.to_string());
             }
             let mut ended = false;
+            *lock(&progress) = format!("connecting to {base} after {last:?}");
             if let Ok(response) = request.send().await {
                 assert_eq!(response.status(), 200, "watch {run_id}");
                 let mut bytes = response.bytes_stream();
@@ -323,6 +329,7 @@ fn watch(first: String, balancer: String, run_id: String) -> tokio::task::JoinHa
                         if let Some(id) = frame.id {
                             last = Some(id);
                         }
+                        *lock(&progress) = format!("on {base}, last id {last:?}");
                         ended |= frame
                             .event
                             .as_deref()
@@ -488,9 +495,16 @@ async fn three_replicas_survive_a_kill_and_a_freeze() {
     let mut watchers = Vec::new();
     for (run, (run_id, _)) in created.iter().enumerate() {
         for other in (0..REPLICAS).filter(|r| *r != owner_of[&run]) {
+            let progress = Arc::new(Mutex::new(String::new()));
             watchers.push((
                 run,
-                watch(direct[other].clone(), balancer.url(""), run_id.clone()),
+                watch(
+                    direct[other].clone(),
+                    balancer.url(""),
+                    run_id.clone(),
+                    Arc::clone(&progress),
+                ),
+                progress,
             ));
         }
     }
@@ -619,10 +633,16 @@ async fn three_replicas_survive_a_kill_and_a_freeze() {
         replays.insert(run, text);
     }
     let (mut reconnected, mut with_comments) = (0, 0);
-    for (run, watcher) in watchers {
+    for (run, watcher, progress) in watchers {
         let watched = tokio::time::timeout(Duration::from_secs(30), watcher)
             .await
-            .unwrap_or_else(|_| panic!("run {run}: a watcher never saw the end"))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "run {run} (owner replica-{}): a watcher never saw the end: {}",
+                    owner_of[&run],
+                    lock(&progress)
+                )
+            })
             .unwrap();
         reconnected += usize::from(watched.reconnects > 0);
         with_comments += usize::from(watched.comments);
