@@ -470,6 +470,10 @@ impl Runtime {
         crate::telemetry::metrics::runs_active(1.0);
         self.tasks.spawn(async move {
             run_loop::supervise(&runtime, record, model, emitter, tokens, resumed).await;
+            // However the run stopped here — also a cancel or failure whose end another
+            // process's lease fenced — its live feed closes, so the watchers here go on from
+            // the store (woken by the new owner's signals) instead of waiting on it for ever.
+            runtime.log.feed().close(run_id);
             runtime.active().remove(&run_id);
             ended.cancel();
             crate::telemetry::metrics::runs_active(-1.0);
