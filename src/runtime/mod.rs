@@ -176,7 +176,7 @@ pub struct Runtime {
     /// The contexts of sessions this process ran, read since their last message only.
     contexts: sessions::ContextCache,
     tasks: TaskTracker,
-    /// This process's id as a lease owner (UUID v7, new at each start).
+    /// This process's id as a lease owner: `{replica_id}/{UUID v7}`, new at each start.
     owner: Arc<str>,
     /// Cancelled when a shutdown begins: runs stop at their next boundary, resumable.
     draining: CancellationToken,
@@ -206,10 +206,19 @@ impl Runtime {
         config: RuntimeConfig,
         compaction: CompactionConfig,
     ) -> Arc<Self> {
-        Self::with_agents(store, providers, tools, config, compaction, BTreeMap::new())
+        Self::with_agents(
+            store,
+            providers,
+            tools,
+            config,
+            compaction,
+            BTreeMap::new(),
+            &crate::config::DatabaseConfig::default().replica_id(),
+        )
     }
 
-    /// [`Runtime::new`] with agent presets (check them with [`Runtime::check_agents`]).
+    /// [`Runtime::new`] with agent presets (check them with [`Runtime::check_agents`]), as
+    /// replica `replica_id` (`[database] replica_id`: the first part of its lease owner id).
     #[must_use]
     pub fn with_agents(
         store: Arc<dyn Store>,
@@ -218,8 +227,9 @@ impl Runtime {
         config: RuntimeConfig,
         compaction: CompactionConfig,
         agents: BTreeMap<String, AgentPreset>,
+        replica_id: &str,
     ) -> Arc<Self> {
-        let owner: Arc<str> = Arc::from(uuid::Uuid::now_v7().to_string());
+        let owner: Arc<str> = Arc::from(format!("{replica_id}/{}", uuid::Uuid::now_v7()));
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
         let log = EventLog::start(store.clone(), feed, config.max_batch_events, owner.clone());
         // The tokenizers' tables are loaded when a model's request is first measured

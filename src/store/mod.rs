@@ -779,7 +779,7 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> StoreResult<Ar
 }
 
 /// How the store's pool connects (`[database]` in the configuration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Connections in the pool at most; `None`: 16 on PostgreSQL, 8 on SQLite.
     pub max_connections: Option<u32>,
@@ -795,11 +795,15 @@ pub struct ConnectOptions {
     /// PostgreSQL `tcp_keepalives_idle`: the server probes a silent client connection after
     /// this long (then every 10 s, 3 times), so a vanished replica's locks are released.
     pub tcp_keepalive_idle: Duration,
+    /// PostgreSQL `application_name` of every connection (the replica id, so
+    /// `pg_stat_activity` tells replicas apart), unless the URL sets one; `None`: the driver's.
+    pub application_name: Option<String>,
 }
 
 impl Default for ConnectOptions {
     fn default() -> Self {
         Self {
+            application_name: None,
             max_connections: None,
             idle_timeout: Some(Duration::from_secs(600)),
             statement_timeout: Duration::from_secs(30),
