@@ -827,6 +827,10 @@ pub enum Signal {
     Answers(RunId),
     /// A process released its leases (a shutdown): its runs may be taken over now.
     Released,
+    /// A replica's check of its own listener (payload `probe <uuid>`): every replica sends
+    /// one to itself now and then; one that does not come back means the listener went
+    /// silent.
+    Probe(uuid::Uuid),
 }
 
 impl Signal {
@@ -841,17 +845,22 @@ impl Signal {
             Self::Cancel(run) => format!("cancel {run}"),
             Self::Answers(run) => format!("answers {run}"),
             Self::Released => "released".to_owned(),
+            Self::Probe(id) => format!("probe {id}"),
         }
     }
 
-    /// A payload read back; `None` for another kind (a probe, a newer version's).
+    /// A payload read back; `None` for another kind (a newer version's).
     #[must_use]
     pub fn parse(payload: &str) -> Option<Self> {
         if payload == "released" {
             return Some(Self::Released);
         }
-        let (kind, run) = payload.split_once(' ')?;
-        let run = RunId(uuid::Uuid::parse_str(run).ok()?);
+        let (kind, id) = payload.split_once(' ')?;
+        let id = uuid::Uuid::parse_str(id).ok()?;
+        if kind == "probe" {
+            return Some(Self::Probe(id));
+        }
+        let run = RunId(id);
         match kind {
             "events" => Some(Self::Events(run)),
             "cancel" => Some(Self::Cancel(run)),

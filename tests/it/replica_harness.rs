@@ -523,26 +523,30 @@ async fn three_replicas_survive_a_kill_and_a_freeze() {
                 (created[run].0.clone(), direct.clone(), Arc::clone(&killed));
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(200 + after)).await;
-                if target == KILLED && killed.load(Ordering::SeqCst) {
-                    target = (KILLED + 1 + run % (REPLICAS - 1)) % REPLICAS;
-                }
-                let response = reqwest::Client::new()
-                    .post(format!("{}/runs/{run_id}/cancel", direct[target]))
-                    .timeout(Duration::from_secs(30))
-                    .send()
-                    .await;
-                match response {
-                    Ok(response) => {
+                // A cancel that could not reach its replica (killed meanwhile) is sent again
+                // to another one, as a client would: cancel is idempotent.
+                for _ in 0..REPLICAS {
+                    if target == KILLED && killed.load(Ordering::SeqCst) {
+                        target = (KILLED + 1 + run % (REPLICAS - 1)) % REPLICAS;
+                    }
+                    let response = reqwest::Client::new()
+                        .post(format!("{}/runs/{run_id}/cancel", direct[target]))
+                        .timeout(Duration::from_secs(30))
+                        .send()
+                        .await;
+                    if let Ok(response) = response {
                         let status = response.status().as_u16();
-                        (
+                        return (
                             run,
                             target,
                             status,
                             response.json().await.unwrap_or(Value::Null),
-                        )
+                        );
                     }
-                    Err(error) => (run, target, 0, json!(error.to_string())),
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    target = (target + 1) % REPLICAS;
                 }
+                (run, target, 0, json!("no replica answered the cancel"))
             })
         })
         .collect();
