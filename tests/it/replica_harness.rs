@@ -96,7 +96,7 @@ impl Balancer {
         for (index, backend) in backends.iter().copied().enumerate() {
             let healthy = Arc::clone(&healthy);
             tasks.push(tokio::spawn(async move {
-                let client = reqwest::Client::new();
+                let client = behest::net::client().expect("client");
                 loop {
                     let ready = client
                         .get(format!("http://{backend}/readyz"))
@@ -164,7 +164,7 @@ impl Drop for Balancer {
 /// A client that opens a new connection for every request: the balancer spreads requests,
 /// not only connections, over the replicas.
 fn balanced_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    behest::net::client_builder()
         .pool_max_idle_per_host(0)
         .build()
         .expect("client")
@@ -216,7 +216,11 @@ fn reply_to(request: &RecordedRequest) -> Option<Reply> {
     let step = messages.iter().filter(|m| m["role"] == "assistant").count();
     if step == 0 {
         let sleep = 500 + (run as u64 % 5) * 150;
-        let second = if run % 2 == 0 { "slow" } else { "quick" };
+        let second = if run.is_multiple_of(2) {
+            "slow"
+        } else {
+            "quick"
+        };
         let calls = [
             (
                 format!("call_{run}_a"),
@@ -529,7 +533,8 @@ async fn three_replicas_survive_a_kill_and_a_freeze() {
                     if target == KILLED && killed.load(Ordering::SeqCst) {
                         target = (KILLED + 1 + run % (REPLICAS - 1)) % REPLICAS;
                     }
-                    let response = reqwest::Client::new()
+                    let response = behest::net::client()
+                        .expect("client")
                         .post(format!("{}/runs/{run_id}/cancel", direct[target]))
                         .timeout(Duration::from_secs(30))
                         .send()
