@@ -115,6 +115,7 @@ pub fn runtime(
         config.runtime.clone(),
         config.compaction.clone(),
         config.agents.clone(),
+        &config.database.replica_id(),
     );
     runtime.check_agents().map_err(ServeError::Agents)?;
     Ok(runtime)
@@ -272,6 +273,7 @@ async fn serve_configured(config: Config) -> Result<(), ServeError> {
     tracing::info!(
         address = %listener.local_addr()?,
         providers = config.providers.len(),
+        lease_owner = runtime.owner(),
         "behest listening"
     );
     // Cancelled at the first signal: open event streams end (no terminal event; clients

@@ -23,6 +23,13 @@ pub struct DatabaseConfig {
     /// PostgreSQL `idle_in_transaction_session_timeout`, in ms; default 10000: a replica
     /// frozen inside a transaction loses it (and its locks) after this long.
     pub idle_in_transaction_timeout_ms: u64,
+    /// This process's name among the replicas on one database: the first part of its lease
+    /// owner id (`{replica_id}/{UUID v7}`, new at each start, so a restarted process never
+    /// counts as its previous self), in its startup log line, and its PostgreSQL connections'
+    /// `application_name` (unless the database URL sets one). 1 to 63 characters of
+    /// `A-Z a-z 0-9 . _ -`; default `{hostname}-{pid}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_id: Option<String>,
     /// PostgreSQL `tcp_keepalives_idle` (the server's probes of a silent connection), in ms,
     /// rounded down to seconds; default 30000.
     pub tcp_keepalive_idle_ms: u64,
@@ -33,6 +40,7 @@ impl Default for DatabaseConfig {
         let defaults = ConnectOptions::default();
         let ms = |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
         Self {
+            replica_id: None,
             max_connections: defaults.max_connections,
             idle_timeout_ms: defaults.idle_timeout.map_or(0, ms),
             statement_timeout_ms: ms(defaults.statement_timeout),
@@ -48,6 +56,7 @@ impl DatabaseConfig {
     #[must_use]
     pub fn connect_options(&self) -> ConnectOptions {
         ConnectOptions {
+            application_name: Some(self.replica_id()),
             max_connections: self.max_connections,
             idle_timeout: (self.idle_timeout_ms > 0)
                 .then(|| Duration::from_millis(self.idle_timeout_ms)),
@@ -58,9 +67,31 @@ impl DatabaseConfig {
         }
     }
 
+    /// The configured replica id, else `{hostname}-{pid}` (the host name cut to what fits,
+    /// characters outside `A-Z a-z 0-9 . _ -` replaced by `-`; `behest` when unknown).
+    #[must_use]
+    pub fn replica_id(&self) -> String {
+        if let Some(id) = &self.replica_id {
+            return id.clone();
+        }
+        let host: String = whoami::fallible::hostname()
+            .unwrap_or_else(|_| "behest".to_owned())
+            .chars()
+            .map(|c| if is_id_char(c) { c } else { '-' })
+            .take(48)
+            .collect();
+        format!("{host}-{}", std::process::id())
+    }
+
     /// The range checks, as `(holds, message)`.
-    pub(super) fn checks(&self) -> [(bool, &'static str); 2] {
+    pub(super) fn checks(&self) -> [(bool, &'static str); 3] {
         [
+            (
+                self.replica_id
+                    .as_deref()
+                    .is_none_or(|id| (1..=63).contains(&id.len()) && id.chars().all(is_id_char)),
+                "database.replica_id must be 1 to 63 characters of A-Z a-z 0-9 . _ -",
+            ),
             (
                 self.max_connections.is_none_or(|n| (1..=1000).contains(&n)),
                 "database.max_connections must be from 1 to 1000",
@@ -78,4 +109,9 @@ impl DatabaseConfig {
             ),
         ]
     }
+}
+
+/// A character a replica id may hold.
+fn is_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }

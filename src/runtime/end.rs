@@ -50,12 +50,41 @@ pub(super) fn open_call_reason(end: &RunEnd) -> &'static str {
 }
 
 /// Ends the run as `end` (see the module's documentation for the order); `reason` is the
-/// result text of the calls it leaves open. Returns the terminal event's sequence.
+/// result text of the calls it leaves open. A completion or failure the store refuses because
+/// a cancel was recorded first ends the run cancelled instead (cancel and completion race
+/// through the run's row: an accepted cancel is never lost). Returns the terminal event's
+/// sequence.
 ///
 /// # Errors
 /// The event log's or the store's; nothing terminal was written then, and calling again goes
 /// on where this call stopped (the trail knows what was written).
 pub(super) async fn close_out(
+    store: &Arc<dyn Store>,
+    emitter: &RunEmitter,
+    record: &RunRecord,
+    end: RunEnd,
+    reason: &str,
+    in_flight: Option<&CallInFlight>,
+) -> Result<u64, EndError> {
+    match close_out_as(store, emitter, record, end.clone(), reason, in_flight).await {
+        Err(EndError::Log(LogError::CancelRequested)) if end != RunEnd::Cancelled => {
+            tracing::info!(run_id = %record.id, "a cancel recorded before the run's end: it ends cancelled");
+            close_out_as(
+                store,
+                emitter,
+                record,
+                RunEnd::Cancelled,
+                tool_exec::CANCELLED,
+                in_flight,
+            )
+            .await
+        }
+        other => other,
+    }
+}
+
+/// [`close_out`] as `end`, without the switch to a cancel.
+async fn close_out_as(
     store: &Arc<dyn Store>,
     emitter: &RunEmitter,
     record: &RunRecord,

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::trail::RunTrail;
 use crate::domain::{RunEnd, RunId};
 use crate::events::{AgentEvent, EventFeed, EventPayload, LoggedEvent};
-use crate::store::{EventWrite, RunChange, Store, StoreError};
+use crate::store::{EventWrite, Refused, RunChange, Store, StoreError};
 use crate::telemetry;
 
 /// Why an event could not be logged.
@@ -32,6 +32,10 @@ pub enum LogError {
     /// Another process holds the run's lease now: this one may no longer write its log.
     #[error("the run is owned by another process")]
     Fenced,
+    /// The run's completion or failure was not written: a cancel was recorded first, so the
+    /// run ends cancelled.
+    #[error("a cancel was recorded before the run's end")]
+    CancelRequested,
 }
 
 /// Events of one emit: written in one transaction (never split across batches).
@@ -152,11 +156,15 @@ async fn write_loop(
         let mut written = writes.into_iter();
         for (count, events, trail, done) in acks {
             let ack = match &result {
-                Ok(fenced) => {
+                Ok(refused) => {
                     let mut ack = Ok(());
                     for write in written.by_ref().take(count) {
-                        if fenced.contains(&write.run_id) {
+                        if refused.fenced.contains(&write.run_id) {
                             ack = Err(LogError::Fenced);
+                        } else if write.outcome.is_some()
+                            && refused.cancelled.contains(&write.run_id)
+                        {
+                            ack = Err(LogError::CancelRequested);
                         } else {
                             feed.publish(write.run_id, &write.event);
                         }
@@ -193,19 +201,19 @@ async fn append_with_retry(
     store: &dyn Store,
     owner: &str,
     writes: &[EventWrite],
-) -> Result<Vec<RunId>, StoreError> {
+) -> Result<Refused, StoreError> {
     let mut delay = std::time::Duration::from_millis(20);
     let mut attempt = 1;
     loop {
         match store.append_events_as(Some(owner), writes).await {
-            Ok(fenced) => {
-                if !fenced.is_empty() {
+            Ok(refused) => {
+                if !refused.fenced.is_empty() {
                     tracing::warn!(
-                        ?fenced,
+                        fenced = ?refused.fenced,
                         "events of runs another process owns were not written"
                     );
                 }
-                return Ok(fenced);
+                return Ok(refused);
             }
             Err(error) if attempt < 4 => {
                 tracing::warn!(%error, attempt, "event batch write failed; retrying");

@@ -182,7 +182,7 @@ pub struct Runtime {
     /// The contexts of sessions this process ran, read since their last message only.
     contexts: sessions::ContextCache,
     tasks: TaskTracker,
-    /// This process's id as a lease owner (UUID v7, new at each start).
+    /// This process's id as a lease owner: `{replica_id}/{UUID v7}`, new at each start.
     owner: Arc<str>,
     /// Cancelled when a shutdown begins: runs stop at their next boundary, resumable.
     draining: CancellationToken,
@@ -212,10 +212,19 @@ impl Runtime {
         config: RuntimeConfig,
         compaction: CompactionConfig,
     ) -> Arc<Self> {
-        Self::with_agents(store, providers, tools, config, compaction, BTreeMap::new())
+        Self::with_agents(
+            store,
+            providers,
+            tools,
+            config,
+            compaction,
+            BTreeMap::new(),
+            &crate::config::DatabaseConfig::default().replica_id(),
+        )
     }
 
-    /// [`Runtime::new`] with agent presets (check them with [`Runtime::check_agents`]).
+    /// [`Runtime::new`] with agent presets (check them with [`Runtime::check_agents`]), as
+    /// replica `replica_id` (`[database] replica_id`: the first part of its lease owner id).
     #[must_use]
     pub fn with_agents(
         store: Arc<dyn Store>,
@@ -224,8 +233,9 @@ impl Runtime {
         config: RuntimeConfig,
         compaction: CompactionConfig,
         agents: BTreeMap<String, AgentPreset>,
+        replica_id: &str,
     ) -> Arc<Self> {
-        let owner: Arc<str> = Arc::from(uuid::Uuid::now_v7().to_string());
+        let owner: Arc<str> = Arc::from(format!("{replica_id}/{}", uuid::Uuid::now_v7()));
         let feed = Arc::new(EventFeed::new(config.feed_capacity));
         let log = EventLog::start(store.clone(), feed, config.max_batch_events, owner.clone());
         // The tokenizers' tables are loaded when a model's request is first measured
@@ -476,6 +486,10 @@ impl Runtime {
         crate::telemetry::metrics::runs_active(1.0);
         self.tasks.spawn(async move {
             run_loop::supervise(&runtime, record, model, emitter, tokens, resumed).await;
+            // However the run stopped here — also a cancel or failure whose end another
+            // process's lease fenced — its live feed closes, so the watchers here go on from
+            // the store (woken by the new owner's signals) instead of waiting on it for ever.
+            runtime.log.feed().close(run_id);
             runtime.active().remove(&run_id);
             ended.cancel();
             crate::telemetry::metrics::runs_active(-1.0);
@@ -532,8 +546,11 @@ impl Runtime {
         match local {
             Some((token, ended)) => {
                 // Recorded first: an answer to a waiting run that comes after this cancel is
-                // refused (`run_not_waiting`) instead of accepted and dropped.
-                self.store.request_cancel(run_id).await?;
+                // refused (`run_not_waiting`) instead of accepted and dropped. Not recorded:
+                // the run ended in the meantime, and its end stands.
+                if !self.store.request_cancel(run_id).await? {
+                    return self.ended_before_cancel(run_id, record).await;
+                }
                 token.cancel();
                 // This process may have just lost the run: its new owner hears it at once.
                 self.send_signal(Signal::Cancel(run_id)).await;
@@ -565,13 +582,26 @@ impl Runtime {
                         }
                     }
                 } else {
-                    self.store.request_cancel(run_id).await?;
+                    if !self.store.request_cancel(run_id).await? {
+                        return self.ended_before_cancel(run_id, record).await;
+                    }
                     self.send_signal(Signal::Cancel(run_id)).await;
                 }
             }
         }
         let now = self.store.get_run(run_id).await?.unwrap_or(record);
         Ok(Some(CancelOutcome::Cancelling(now)))
+    }
+
+    /// A cancel's outcome for a run that ended before the cancel could be recorded (the
+    /// store's conditional update found it terminal): its end, as it is stored.
+    async fn ended_before_cancel(
+        &self,
+        run_id: RunId,
+        record: RunRecord,
+    ) -> Result<Option<CancelOutcome>, StoreError> {
+        let now = self.store.get_run(run_id).await?.unwrap_or(record);
+        Ok(Some(Self::finished_outcome(now)))
     }
 
     /// A cancel's outcome for a run found terminal. Cancel is idempotent: a cancelled run

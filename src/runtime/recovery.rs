@@ -322,6 +322,14 @@ impl Runtime {
                 waiting.push(run_id);
                 continue;
             }
+            // The stopped run's last events may still be queued in the writer (its task was
+            // aborted after enqueueing them; this process still holds the lease, so they are
+            // not fenced): resumed before they commit, the run would reuse their sequences.
+            if let Err(error) = self.log.flush().await {
+                tracing::warn!(%run_id, %error, "could not resume the run yet");
+                waiting.push(run_id);
+                continue;
+            }
             match self
                 .store
                 .claim_run(run_id, &self.lease(), self.store_now_ms())

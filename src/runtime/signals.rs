@@ -2,7 +2,10 @@
 //! (`LISTEN behest`) and is woken when another commits a run's events, records a cancel or
 //! records answers to a waiting run. A signal is a hint — the store stays the source of truth —
 //! so a watcher woken reads the store after its cursor, a listener that reconnected wakes every
-//! watcher (signals may have been missed), and a slow fallback check bounds a silent listener.
+//! watcher (signals may have been missed), and a slow check bounds a silent listener: every
+//! [`PROBE_EVERY`] the replica sends itself a probe, and when the previous one has not come
+//! back it wakes every watcher (they read the store) and reports the listener failed. One
+//! probe per replica, whatever the number of watchers: idle watchers cost the database nothing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +21,8 @@ use crate::store::{Signal, SignalListener, StoreError};
 
 /// How long the loop waits before listening again after the connection failed.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How often the replica probes its own listener (a probe not back by the next one: silent).
+const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// The wake-ups of this process's watchers of runs executing elsewhere, by run.
 #[derive(Debug, Default)]
@@ -150,9 +155,26 @@ async fn signal_loop(
     mut listener: SignalListener,
     stop: CancellationToken,
 ) {
+    let mut probe_tick = tokio::time::interval(PROBE_EVERY);
+    probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut outstanding: Option<uuid::Uuid> = None;
     loop {
         let received = tokio::select! {
             received = listener.recv() => received,
+            _ = probe_tick.tick() => {
+                let Some(runtime) = runtime.upgrade() else {
+                    return;
+                };
+                if outstanding.is_some() {
+                    tracing::warn!("the signal listener is silent (its probe did not come back); watchers read the store");
+                    runtime.signals.failed.store(true, Ordering::Release);
+                    runtime.signals.wake_all();
+                }
+                let probe = uuid::Uuid::now_v7();
+                outstanding = Some(probe);
+                runtime.send_signal(Signal::Probe(probe)).await;
+                continue;
+            }
             () = stop.cancelled() => return,
         };
         let Some(runtime) = runtime.upgrade() else {
@@ -163,6 +185,11 @@ async fn signal_loop(
             .failed
             .store(received.is_err(), Ordering::Release);
         match received {
+            Ok(Some(Signal::Probe(probe))) => {
+                if outstanding == Some(probe) {
+                    outstanding = None;
+                }
+            }
             Ok(Some(Signal::Events(run_id))) => runtime.signals.wake(run_id),
             Ok(Some(Signal::Released)) => runtime.spawn_scan(),
             Ok(Some(Signal::Cancel(run_id))) => {

@@ -7,9 +7,9 @@
 //! page is rendered one event at a time and released once sent.
 //!
 //! A run not live in this process (executing on another replica) is read from the store when
-//! a signal says its events were committed (`signals.rs`), and every [`FALLBACK_CHECK`] in
-//! case a signal was lost; without a listener (a store one process uses), every
-//! [`POLL_INTERVAL`].
+//! a signal says its events were committed (`signals.rs`, whose probe of its own listener
+//! wakes every watcher when signals may have been lost: no watcher polls); without a listener
+//! (a store one process uses), every [`POLL_INTERVAL`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +26,6 @@ use crate::store::{Store, StoreError};
 const PAGE: u32 = 512;
 /// How often a run that is not live in this process is polled in the store, without signals.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
-/// How often a watcher woken by signals reads the store all the same (a lost signal).
-const FALLBACK_CHECK: Duration = Duration::from_secs(5);
 
 struct Watch {
     store: Arc<dyn Store>,
@@ -142,12 +140,7 @@ impl Watch {
                 // Not live here (finished, or executing elsewhere): read the store when
                 // signalled, else poll it.
                 match self.wakeup.as_mut() {
-                    Some(wakeup) => {
-                        tokio::select! {
-                            () = wakeup.changed() => {}
-                            () = tokio::time::sleep(FALLBACK_CHECK) => {}
-                        }
-                    }
+                    Some(wakeup) => wakeup.changed().await,
                     None => tokio::time::sleep(POLL_INTERVAL).await,
                 }
                 self.read_store = true;

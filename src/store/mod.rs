@@ -295,6 +295,24 @@ pub struct EventWrite {
     pub change: RunChange,
 }
 
+/// The writes of a batch [`EventStore::append_events_as`] did not make.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refused {
+    /// Runs whose lease another process holds: none of their events in the batch were written.
+    pub fenced: Vec<RunId>,
+    /// Runs whose terminal event (a completion or failure) was not written because a cancel
+    /// had been recorded first (`request_cancel`); their other events were.
+    pub cancelled: Vec<RunId>,
+}
+
+impl Refused {
+    /// Nothing was refused.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.fenced.is_empty() && self.cancelled.is_empty()
+    }
+}
+
 /// Writes that belong with an event, committed in its transaction: the event is the proof
 /// that they happened, so neither can exist without the other.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -487,13 +505,14 @@ pub trait EventStore: Send + Sync {
 
     /// Appends events like [`EventStore::append_events`], as the process `owner`: the events of a
     /// run whose lease another process holds are not written (fencing: a process that lost a
-    /// run cannot write to its log); the others are, in one transaction. Returns the fenced
-    /// runs. `None` checks no lease.
+    /// run cannot write to its log), nor a completion or failure of a run whose cancel was
+    /// recorded first (it ends cancelled); the others are, in one transaction. Returns what
+    /// was refused. `None` checks no lease.
     async fn append_events_as(
         &self,
         owner: Option<&str>,
         events: &[EventWrite],
-    ) -> StoreResult<Vec<RunId>>;
+    ) -> StoreResult<Refused>;
 
     /// Up to `limit` events of the run with `sequence > after`, in order.
     async fn read_events(
@@ -766,7 +785,7 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> StoreResult<Ar
 }
 
 /// How the store's pool connects (`[database]` in the configuration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Connections in the pool at most; `None`: 16 on PostgreSQL, 8 on SQLite.
     pub max_connections: Option<u32>,
@@ -782,11 +801,15 @@ pub struct ConnectOptions {
     /// PostgreSQL `tcp_keepalives_idle`: the server probes a silent client connection after
     /// this long (then every 10 s, 3 times), so a vanished replica's locks are released.
     pub tcp_keepalive_idle: Duration,
+    /// PostgreSQL `application_name` of every connection (the replica id, so
+    /// `pg_stat_activity` tells replicas apart), unless the URL sets one; `None`: the driver's.
+    pub application_name: Option<String>,
 }
 
 impl Default for ConnectOptions {
     fn default() -> Self {
         Self {
+            application_name: None,
             max_connections: None,
             idle_timeout: Some(Duration::from_secs(600)),
             statement_timeout: Duration::from_secs(30),
@@ -810,6 +833,10 @@ pub enum Signal {
     Answers(RunId),
     /// A process released its leases (a shutdown): its runs may be taken over now.
     Released,
+    /// A replica's check of its own listener (payload `probe <uuid>`): every replica sends
+    /// one to itself now and then; one that does not come back means the listener went
+    /// silent.
+    Probe(uuid::Uuid),
 }
 
 impl Signal {
@@ -824,17 +851,22 @@ impl Signal {
             Self::Cancel(run) => format!("cancel {run}"),
             Self::Answers(run) => format!("answers {run}"),
             Self::Released => "released".to_owned(),
+            Self::Probe(id) => format!("probe {id}"),
         }
     }
 
-    /// A payload read back; `None` for another kind (a probe, a newer version's).
+    /// A payload read back; `None` for another kind (a newer version's).
     #[must_use]
     pub fn parse(payload: &str) -> Option<Self> {
         if payload == "released" {
             return Some(Self::Released);
         }
-        let (kind, run) = payload.split_once(' ')?;
-        let run = RunId(uuid::Uuid::parse_str(run).ok()?);
+        let (kind, id) = payload.split_once(' ')?;
+        let id = uuid::Uuid::parse_str(id).ok()?;
+        if kind == "probe" {
+            return Some(Self::Probe(id));
+        }
+        let run = RunId(id);
         match kind {
             "events" => Some(Self::Events(run)),
             "cancel" => Some(Self::Cancel(run)),

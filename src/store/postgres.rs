@@ -53,7 +53,12 @@ impl PostgresStore {
     /// # Errors
     /// When the server is unreachable or a migration fails.
     pub async fn connect_with(url: &str, options: &ConnectOptions) -> StoreResult<Self> {
-        let connect = PgConnectOptions::from_str(url)?;
+        let mut connect = PgConnectOptions::from_str(url)?;
+        if let Some(name) = &options.application_name
+            && connect.get_application_name().is_none()
+        {
+            connect = connect.application_name(name);
+        }
         {
             let mut migrating = PgConnection::connect_with(&connect).await?;
             super::migrate(&sqlx::migrate!("./migrations/postgres"), &mut migrating).await?;

@@ -66,6 +66,8 @@ mod ops;
 #[cfg(test)]
 mod provider_runtime;
 #[cfg(test)]
+mod replica_harness;
+#[cfg(test)]
 mod replicas;
 #[cfg(test)]
 mod restart;

@@ -327,3 +327,60 @@ async fn two_replicas_are_one_service() {
     drop((a, b));
     db.cleanup().await;
 }
+
+/// `[database] replica_id` names the replica: its runs' lease owner is `{replica_id}/{uuid}`
+/// (a new owner at each start), its PostgreSQL connections carry it as `application_name`, and
+/// its startup line logs the owner; an id outside `A-Z a-z 0-9 . _ -` is refused at load.
+#[tokio::test]
+async fn the_replica_id_names_leases_and_connections() {
+    assert!(
+        behest::config::Config::from_toml("[database]\nreplica_id = \"web 1\"\n").is_err(),
+        "a replica id with a space was accepted"
+    );
+    let Some(db) = postgres().await else {
+        return;
+    };
+    let fake = FakeOpenAi::start().await;
+    let stalled = text_stream(&["Thinking", " hard"]);
+    fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
+    let config = format!(
+        "[database]\nreplica_id = \"web-7.eu\"\n\n[runtime]\nshutdown_grace_ms = 300\n\n\
+         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
+         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
+        fake.base_url()
+    );
+    let server = ServerProcess::start("web-7", &config, &db.url).await;
+    let (status, _, created) = server
+        .post(
+            "/runs",
+            &json!({"provider": "fake", "model": "fake-model", "input": "hold"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{created}");
+    let run_id: uuid::Uuid = created["run_id"].as_str().unwrap().parse().unwrap();
+    let mut connection = PgConnection::connect(&db.url).await.unwrap();
+    let owner: Option<String> = sqlx::query_scalar("SELECT lease_owner FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    let owner = owner.expect("a leased run");
+    assert!(owner.starts_with("web-7.eu/"), "lease owner {owner}");
+    let named: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND application_name = 'web-7.eu'",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .unwrap();
+    assert!(
+        named >= 2,
+        "{named} connections named web-7.eu (pool and listener)"
+    );
+    assert!(server.log().contains(&owner), "{}", server.log());
+    let (status, body) = server.post_empty(&format!("/runs/{run_id}/cancel")).await;
+    assert_eq!(status, 202, "{body}");
+    drop(server);
+    db.cleanup().await;
+}

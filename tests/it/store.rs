@@ -570,18 +570,18 @@ async fn leases_claims_and_fencing(backend: Backend) {
     );
 
     // Fencing: `a` lost `expired` to `b`; a batch with both runs writes only `live`'s event.
-    let fenced = store
+    let refused = store
         .append_events_as(Some("a"), &[write(live, 1), write(expired, 1)])
         .await
         .unwrap();
-    assert_eq!(fenced, vec![expired]);
+    assert_eq!(refused.fenced, vec![expired]);
     assert_eq!(store.last_sequence(live).await.unwrap(), 1);
     assert_eq!(store.last_sequence(expired).await.unwrap(), 0);
-    let fenced = store
+    let refused = store
         .append_events_as(Some("b"), &[write(expired, 1)])
         .await
         .unwrap();
-    assert!(fenced.is_empty());
+    assert!(refused.is_empty());
     assert_eq!(store.last_sequence(expired).await.unwrap(), 1);
 
     // Renewal reports what the owner still holds and the cancels requested meanwhile.
@@ -1336,7 +1336,84 @@ async fn a_batch_of_runs_changes_reads_as_one_after_another(backend: Backend) {
     db.cleanup().await;
 }
 
+/// Cancel and completion race through the run's row (issue 23, item 2): a completion or
+/// failure written after a cancel was recorded is refused — the batch's other events are
+/// written, the run's status stays, and its cancelled end is written next; a cancel asked
+/// after a run ended is not recorded (the API answers `409 run_finished`).
+async fn a_cancel_recorded_first_wins_over_the_end(backend: Backend) {
+    let Some((db, store)) = open(backend).await else {
+        return;
+    };
+    let store = store.as_ref();
+    let cancelled = leased_run(store, "a", now_ms() + 60_000).await;
+    let finished = leased_run(store, "a", now_ms() + 60_000).await;
+    let ending = |run_id, sequence, end: RunEnd| {
+        let kind = match end.status() {
+            RunStatus::Completed => "run_completed",
+            RunStatus::Failed => "run_failed",
+            _ => "run_cancelled",
+        };
+        EventWrite {
+            run_id,
+            event: event(sequence, kind, true),
+            outcome: Some(end),
+            change: RunChange::default(),
+        }
+    };
+    let completed = RunEnd::Completed {
+        finish_reason: FinishReason::Stop,
+        parsed: None,
+    };
+    assert!(store.request_cancel(cancelled).await.unwrap());
+
+    let refused = store
+        .append_events_as(
+            Some("a"),
+            &[
+                write(cancelled, 1),
+                ending(cancelled, 2, completed.clone()),
+                write(finished, 1),
+                ending(finished, 2, completed.clone()),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.cancelled, vec![cancelled]);
+    assert!(refused.fenced.is_empty());
+    assert_eq!(store.last_sequence(cancelled).await.unwrap(), 1);
+    let status = |run| async move { store.get_run(run).await.unwrap().unwrap().status };
+    assert!(!status(cancelled).await.is_terminal());
+    assert_eq!(store.last_sequence(finished).await.unwrap(), 2);
+    assert_eq!(status(finished).await, RunStatus::Completed);
+
+    let failed = RunEnd::failed(behest::domain::ErrorClass::Internal, "boom");
+    let refused = store
+        .append_events_as(Some("a"), &[ending(cancelled, 2, failed)])
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.cancelled,
+        vec![cancelled],
+        "a failure is refused too"
+    );
+    assert!(!status(cancelled).await.is_terminal());
+    let refused = store
+        .append_events_as(Some("a"), &[ending(cancelled, 2, RunEnd::Cancelled)])
+        .await
+        .unwrap();
+    assert!(refused.is_empty());
+    assert_eq!(status(cancelled).await, RunStatus::Cancelled);
+
+    assert!(
+        !store.request_cancel(finished).await.unwrap(),
+        "a cancel after the completion was recorded"
+    );
+    assert_eq!(status(finished).await, RunStatus::Completed);
+    db.cleanup().await;
+}
+
 on_both_backends!(
+    a_cancel_recorded_first_wins_over_the_end,
     concurrent_inputs_to_one_session_are_busy_never_an_error,
     a_batch_of_runs_changes_reads_as_one_after_another,
     a_batch_of_starts_refuses_each_run_alone,

@@ -153,6 +153,9 @@ struct RunArgs {
     /// Runs interrupted by the crash in the restart figure [default: 100; smoke 5].
     #[arg(long)]
     restart_runs: Option<usize>,
+    /// Kills of a replica in the replicas figure's failover [default: 20; smoke 2].
+    #[arg(long)]
+    replica_kills: Option<usize>,
     /// Runs of the storage figure [default: 50; smoke 2]. Every table and index has a
     /// few pages whatever it holds (PostgreSQL: an index metapage, a free space map): more runs
     /// spread them thinner, closer to what a run adds.
@@ -206,6 +209,10 @@ impl RunArgs {
             } else {
                 Profile::ms(0, 20, 400)
             },
+            replica_latency_runs: pick(5, 1),
+            replica_kills: self.replica_kills.unwrap_or(pick(20, 2)),
+            replica_idle_watchers: pick(1000, 20),
+            replica_link_runs: pick(30, 2),
         }
     }
 

@@ -7,7 +7,9 @@
 use super::{corrupt, count, text, to_i64, to_json};
 use crate::domain::{RunId, RunStatus, TokenUsage};
 use crate::events::{LoggedEvent, StoredEnvelope, StoredEvent};
-use crate::store::{EventStore, EventWrite, PostgresStore, Signal, SqliteStore, StoreResult};
+use crate::store::{
+    EventStore, EventWrite, PostgresStore, Refused, Signal, SqliteStore, StoreResult,
+};
 
 /// A row of `events` (migration 0006): see [`StoredEvent`].
 #[derive(sqlx::FromRow)]
@@ -41,6 +43,14 @@ pub(super) fn events(run_id: RunId, rows: Vec<EventRow>) -> StoreResult<Vec<Logg
         .collect()
 }
 
+/// The distinct runs of `writes`, sorted (row locks are taken in this order).
+fn run_ids<'a>(writes: impl Iterator<Item = &'a EventWrite>) -> Vec<uuid::Uuid> {
+    let mut runs: Vec<uuid::Uuid> = writes.map(|w| w.run_id.0).collect();
+    runs.sort_unstable();
+    runs.dedup();
+    runs
+}
+
 /// Implements [`EventStore`] for a backend struct (see `sql/mod.rs`).
 macro_rules! impl_event_store {
     ($store:ty, $db:ty) => {
@@ -50,9 +60,9 @@ macro_rules! impl_event_store {
                 &self,
                 owner: Option<&str>,
                 events: &[EventWrite],
-            ) -> StoreResult<Vec<RunId>> {
+            ) -> StoreResult<Refused> {
                 if events.is_empty() {
-                    return Ok(Vec::new());
+                    return Ok(Refused::default());
                 }
                 // Encoded before the transaction opens: it stays as short as before.
                 let encoded: Vec<StoredEvent> = events
@@ -60,16 +70,12 @@ macro_rules! impl_event_store {
                     .map(|write| StoredEvent::encode(write.run_id, &write.event))
                     .collect();
                 let mut tx = self.begin_write().await?;
+                let mut refused = Refused::default();
                 // Fencing: only runs this process (still) holds the lease of are written. The
                 // check holds until the commit: SQLite's write transaction excludes every other
                 // writer; PostgreSQL's `FOR SHARE` row locks make a takeover wait for it.
-                let mut fenced = Vec::new();
-                let kept;
-                let all = events;
-                let events = if let Some(owner) = owner {
-                    let mut runs: Vec<uuid::Uuid> = events.iter().map(|w| w.run_id.0).collect();
-                    runs.sort_unstable();
-                    runs.dedup();
+                if let Some(owner) = owner {
+                    let runs = run_ids(events.iter());
                     let mut check = sqlx::QueryBuilder::<$db>::new(
                         "SELECT id FROM runs WHERE (lease_owner IS NULL OR lease_owner = ",
                     );
@@ -81,31 +87,56 @@ macro_rules! impl_event_store {
                     check.push(")").push(Self::ROW_LOCK);
                     let owned: Vec<uuid::Uuid> =
                         check.build_query_scalar().fetch_all(&mut *tx).await?;
-                    if owned.len() == runs.len() {
-                        events
-                    } else {
-                        fenced = runs
-                            .into_iter()
-                            .filter(|run| !owned.contains(run))
-                            .map(RunId)
-                            .collect();
-                        kept = events
-                            .iter()
-                            .filter(|w| !fenced.contains(&w.run_id))
-                            .cloned()
-                            .collect::<Vec<_>>();
-                        if kept.is_empty() {
-                            return Ok(fenced);
-                        }
-                        &kept[..]
+                    refused.fenced = runs
+                        .into_iter()
+                        .filter(|run| !owned.contains(run))
+                        .map(RunId)
+                        .collect();
+                }
+                // Cancel and completion race through the run's row: a run whose cancel was
+                // recorded before this transaction does not complete or fail here (its end is
+                // refused; the runtime ends it cancelled), and a cancel recorded after it finds
+                // the run ended (`request_cancel` is conditional on the status; on PostgreSQL
+                // the `FOR SHARE` lock makes its UPDATE wait for this commit).
+                let ending = run_ids(events.iter().filter(|write| {
+                    !refused.fenced.contains(&write.run_id)
+                        && write
+                            .outcome
+                            .as_ref()
+                            .is_some_and(|end| end.status() != RunStatus::Cancelled)
+                }));
+                if !ending.is_empty() {
+                    let mut check = sqlx::QueryBuilder::<$db>::new(
+                        "SELECT id FROM runs WHERE cancel_requested AND id IN (",
+                    );
+                    let mut list = check.separated(", ");
+                    for run in &ending {
+                        list.push_bind(*run);
                     }
-                } else {
+                    check.push(")").push(Self::ROW_LOCK);
+                    let cancelled: Vec<uuid::Uuid> =
+                        check.build_query_scalar().fetch_all(&mut *tx).await?;
+                    refused.cancelled = cancelled.into_iter().map(RunId).collect();
+                }
+                let written = |write: &EventWrite| {
+                    !refused.fenced.contains(&write.run_id)
+                        && !(write.outcome.is_some() && refused.cancelled.contains(&write.run_id))
+                };
+                let all = events;
+                let kept: Vec<EventWrite>;
+                let events = if refused.is_empty() {
                     events
+                } else {
+                    kept = events.iter().filter(|w| written(w)).cloned().collect();
+                    if kept.is_empty() {
+                        return Ok(refused);
+                    }
+                    &kept[..]
                 };
                 let stored: Vec<_> = all
                     .iter()
                     .zip(&encoded)
-                    .filter(|(write, _)| !fenced.contains(&write.run_id))
+                    .filter(|(write, _)| written(write))
                     .collect();
                 // One multi-row INSERT per chunk keeps group commit to a few statements.
                 for chunk in stored.chunks(200) {
@@ -244,7 +275,7 @@ macro_rules! impl_event_store {
                 written.dedup();
                 Self::signal_in(&mut tx, written.into_iter().map(Signal::Events)).await?;
                 tx.commit().await?;
-                Ok(fenced)
+                Ok(refused)
             }
 
             async fn read_events(

@@ -160,6 +160,22 @@ impl ServerProcess {
         assert!(status.success(), "kill -TERM {} failed: {status}", self.pid);
     }
 
+    /// Sends `signal` (a `kill` name: `STOP` freezes the process, `CONT` resumes it) through
+    /// `kill -SIGNAL PID`; does not wait.
+    pub async fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid.to_string())
+            .status()
+            .await
+            .expect("run kill");
+        assert!(
+            status.success(),
+            "kill -{signal} {} failed: {status}",
+            self.pid
+        );
+    }
+
     /// Its exit status once it exits, or `None` when it is still running after `timeout`.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         match tokio::time::timeout(timeout, self.child.wait()).await {

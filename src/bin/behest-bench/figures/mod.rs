@@ -26,6 +26,7 @@ mod idle_memory;
 mod latency;
 mod long_session;
 mod ops;
+mod replicas;
 mod restart;
 mod resume;
 mod storage;
@@ -121,6 +122,14 @@ pub struct Plan {
     pub restart_baselines: usize,
     /// The slow answer the restart figure interrupts.
     pub restart_profile: Profile,
+    /// Runs watched on two replicas at once (live latency across replicas).
+    pub replica_latency_runs: usize,
+    /// Kills of a replica in the failover figure.
+    pub replica_kills: usize,
+    /// Idle watchers on one replica of a run waiting on the other (database load).
+    pub replica_idle_watchers: usize,
+    /// Short runs timed over the delayed and the loopback database link.
+    pub replica_link_runs: usize,
 }
 
 impl Plan {
@@ -204,6 +213,9 @@ pub enum Figure {
     LongSession,
     /// Server CPU per event in each `?format=` rendering against behest's own format.
     Formats,
+    /// Two replicas on one PostgreSQL: live latency across replicas, cancel on another
+    /// replica, failover after a kill, database load of idle watchers, a slower database link.
+    Replicas,
 }
 
 /// Everything a figure needs; cheap to clone into tasks.
@@ -520,6 +532,10 @@ pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec
     if wants(Figure::Ops) {
         step("auth, metrics and tracing on vs off");
         rows.extend(ops::overhead(ctx).await?);
+    }
+    if wants(Figure::Replicas) && ctx.backend == Backend::Postgres {
+        step("two replicas on one PostgreSQL");
+        rows.extend(replicas::replicas(ctx).await?);
     }
     if wants(Figure::Throughput) {
         step("sustained short runs");
