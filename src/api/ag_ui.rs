@@ -76,9 +76,8 @@ pub struct RunAgentInput {
     /// `payload.approved` (and optional `payload.reason`) decides, `"cancelled"` rejects.
     #[serde(default)]
     pub resume: Vec<AgUiResume>,
-    /// Ignored: behest has no agent state.
+    /// Ignored, whatever JSON it is (AG-UI's `state` is any value): behest has no agent state.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
     pub state: Option<Value>,
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{FromRequest, State};
 
 use super::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -200,9 +200,11 @@ pub async fn create_run_stream(
     caller: Caller,
     headers: HeaderMap,
     Query(query): Query<StreamQuery>,
-    Json(request): Json<CreateRunRequest>,
+    body: axum::extract::Request,
 ) -> Result<Response, ApiError> {
+    // The query before the body: a bad `format` is a 400 whatever the body is.
     let format = Format::parse(query.format.as_deref())?;
+    let Json(request) = Json::<CreateRunRequest>::from_request(body, &state).await?;
     // The stream's place is taken before the run starts: a refused stream starts no run.
     let permit = state.limits.open_watcher(caller)?;
     let created = start_run(&state, caller, &headers, request).await?;

@@ -49,7 +49,10 @@ def main(base_url: str, spec_path: str) -> None:
             raise SystemExit(f"not the demo tool: {tools!r}")
 
         created = runs.create_run(
-            models.CreateRunRequest(provider="demo", model="demo", input="what time is it?")
+            # `input` is a string or a list of parts (a oneOf): the generator wraps it.
+            models.CreateRunRequest(
+                provider="demo", model="demo", input=models.RunInput("what time is it?")
+            )
         )
         expect(created, models.CreateRunResponse)
 

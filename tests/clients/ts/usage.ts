@@ -80,6 +80,8 @@ export function describe(event: AgentEvent): string {
       return `context compacted (${event.trigger}): ${event.messages_summarised} messages, ${event.tokens_before} → ${event.tokens_after} tokens`;
     case 'context_compaction_started':
       return `compacting (${event.trigger}): ${event.messages_to_summarise} messages, ${event.tokens_before} tokens, with ${event.model}`;
+    case 'output_rejected':
+      return `answer rejected (attempt ${event.attempt}): ${event.errors}`;
     default:
       return unreachable(event);
   }
