@@ -8,7 +8,7 @@
 //! run id, and tool call ids are namespaced (`<run_id>:<iteration>:<call_id>`, see
 //! [`formats::split_tool_call_id`]); the answers a client posts come back under those ids.
 
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Caller;
-use super::extract::{Json, NoBody, Query};
+use super::extract::{Json, NoBody, Path, Query};
 use super::formats::{self, Cursor, Format};
 use super::{ApiError, AppState, Problem, actions, runs};
 use crate::domain::{ActionAnswer, CreateRunRequest, PendingKind, RunId, RunRecord, Session};

@@ -615,6 +615,8 @@ async fn non_utf8_path_segments_are_problems() {
         (Method::GET, "/sessions/%ff"),
         (Method::DELETE, "/sessions/%ff"),
         (Method::GET, "/snapshots/%ff"),
+        (Method::GET, "/chat/%ff/stream"),
+        (Method::POST, "/chat/%ff/stop"),
     ] {
         let got = send(&server, method.clone(), path, None, &[]).await;
         assert_eq!(got.2["code"], "invalid_path", "{method} {path}: {got:?}");
