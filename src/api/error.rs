@@ -152,6 +152,19 @@ impl ApiError {
         self
     }
 
+    /// 400 `invalid_cursor` for a cursor beyond the last event the run has logged: events are
+    /// published only once stored, so no client received that sequence (a stream from there
+    /// would wait in silence and miss the terminal event).
+    #[must_use]
+    pub fn cursor_ahead(cursor: u64, last: u64) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_cursor",
+            format!("the cursor {cursor} is beyond the run's last event ({last})"),
+        )
+        .field("last_event_id")
+    }
+
     /// 404 `run_not_found`.
     #[must_use]
     pub fn run_not_found(run_id: &str) -> Self {

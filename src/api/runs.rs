@@ -473,7 +473,7 @@ fn parse_cursor(raw: &str) -> Result<u64, ApiError> {
         (status = 200, description = "Server-Sent Events: `id:` = sequence, `event:` = type, `data:` = the event JSON",
             content_type = "text/event-stream", body = AgentEvent),
         (status = 204, description = "The cursor is at or past the terminal event of a finished run: nothing more will come"),
-        (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits (in a format other than `behest`: not `N` or `N.j` with `j` ≥ 1); `unknown_format`: `format` is none of `behest`, `ai-sdk`, `ai-sdk-v7`, `ag-ui`", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_cursor`: the cursor is not decimal digits (`+5`, ` 5`, `5.0`, `-1` are refused) or exceeds 64 bits (in a format other than `behest`: not `N` or `N.j` with `j` ≥ 1), or is beyond the last event of a run that has not ended; `unknown_format`: `format` is none of `behest`, `ai-sdk`, `ai-sdk-v7`, `ag-ui`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "`run_events_expired`: the run ended more than `[runtime] event_retention_secs` ago and its events were removed (its record, session and messages are kept)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`shutting_down`: the server is draining before it stops; reconnect after `Retry-After` seconds (to the next process, which continues the stream from `Last-Event-ID`). `too_many_watchers`: `[limits] max_watchers` event streams are open, or `max_watchers_per_key` for this API key; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
@@ -524,10 +524,13 @@ pub async fn watch_run_events(
     if state.runtime.is_stopping() {
         return Err(ApiError::shutting_down());
     }
-    if record.status.is_terminal() {
+    if after > 0 {
         let last = state.runtime.store().last_sequence(record.id).await?;
-        if after >= last {
+        if record.status.is_terminal() && after >= last {
             return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        if after > last {
+            return Err(ApiError::cursor_ahead(after, last));
         }
     }
     let permit = state.limits.open_watcher(caller)?;

@@ -180,37 +180,52 @@ async fn stream_create_sends_from_sequence_one_and_disconnect_never_cancels(back
     server.stop().await;
 }
 
-/// A cursor past the end of a live run: nothing to send, and the stream still ends with the run.
-async fn a_cursor_past_the_end_of_a_live_run_ends_with_the_run(backend: Backend) {
+/// A cursor past the last event of a live run is `400 invalid_cursor` (events are published
+/// only once stored, so no client received it; a stream from there would wait in silence and
+/// never see the terminal event), in every format; a cursor inside the log resumes exactly.
+async fn a_cursor_past_the_end_of_a_live_run_is_refused(backend: Backend) {
     let fake = FakeOpenAi::start().await;
-    paced(&fake, 20, Duration::from_millis(10));
+    paced(&fake, 20, Duration::from_millis(100));
     let Some(server) = TestServer::start(backend, config_for(&fake.base_url())).await else {
         return;
     };
     let run_id = server.start_run("go", None).await;
-    let watchers = [1_000u64, 5].map(|cursor| {
-        let client = server.client.clone();
-        let url = server.url(&format!("/runs/{run_id}/events"));
-        tokio::spawn(async move {
-            let response = client
-                .get(url)
-                .header("Last-Event-ID", cursor.to_string())
-                .send()
-                .await
-                .unwrap();
-            collect_frames(response).await
-        })
-    });
-    let [past, early] = watchers;
-    let past = tokio::time::timeout(Duration::from_secs(10), past)
+    for (format, cursor) in [("behest", "1000"), ("ai-sdk", "1000"), ("ag-ui", "1000.1")] {
+        let response = server
+            .client
+            .get(server.url(&format!("/runs/{run_id}/events?format={format}")))
+            .header("Last-Event-ID", cursor)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{format} {cursor}");
+        let problem: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(problem["code"], "invalid_cursor", "{problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("beyond"),
+            "{problem}"
+        );
+    }
+    // Sequence 5 exists once the run has logged it: until then it too is ahead (400).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let early = loop {
+        let response = server
+            .client
+            .get(server.url(&format!("/runs/{run_id}/events")))
+            .header("Last-Event-ID", "5")
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 200 {
+            break response;
+        }
+        assert_eq!(response.status(), 400);
+        assert!(std::time::Instant::now() < deadline, "sequence 5 never logged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let early = tokio::time::timeout(Duration::from_secs(10), collect_frames(early))
         .await
-        .expect("the stream ends")
-        .unwrap();
-    assert!(past.is_empty(), "{past:?}");
-    let early = tokio::time::timeout(Duration::from_secs(10), early)
-        .await
-        .expect("the stream ends")
-        .unwrap();
+        .expect("the stream ends");
     let full = server.events(&run_id, None).await;
     assert_eq!(early, full[5..]);
     server.stop().await;
@@ -259,7 +274,7 @@ async fn the_created_stream_is_the_stored_log(backend: Backend) {
 
 on_both_backends!(
     the_created_stream_is_the_stored_log,
-    a_cursor_past_the_end_of_a_live_run_ends_with_the_run,
+    a_cursor_past_the_end_of_a_live_run_is_refused,
     resume_at_every_position_reproduces_the_log,
     concurrent_watchers_receive_identical_streams,
     stalled_watcher_catches_up_from_the_store,

@@ -379,13 +379,16 @@ pub async fn respond(
     }
     // A cursor at a pause is not an end: the stream waits for the next segment (an answer
     // posted just before may not have resumed the run yet).
-    if let Some(cursor) = after
-        && record.status.is_terminal()
-    {
+    if let Some(cursor) = after {
         let last = state.runtime.store().last_sequence(record.id).await?;
-        let past = cursor.sequence > last || (cursor.sequence == last && cursor.frame.is_none());
-        if past {
-            return Ok(StatusCode::NO_CONTENT.into_response());
+        if record.status.is_terminal() {
+            let past =
+                cursor.sequence > last || (cursor.sequence == last && cursor.frame.is_none());
+            if past {
+                return Ok(StatusCode::NO_CONTENT.into_response());
+            }
+        } else if cursor.sequence > last {
+            return Err(ApiError::cursor_ahead(cursor.sequence, last));
         }
     }
     let permit = state.limits.open_watcher(caller)?;
