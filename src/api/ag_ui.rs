@@ -43,11 +43,11 @@ pub struct RunAgentInput {
         pattern = r"^[A-Za-z0-9_.:~-]{1,255}$"
     )]
     pub thread_id: String,
-    /// The client's run id: stored as the run's `client_request_id` `ag-ui:<runId>` (so at
-    /// most 249 visible ASCII characters) and sent back as `runId` in the events. The same
+    /// The client's run id: stored as the run's `client_request_id` `ag-ui:<session id>:<runId>`, an idempotency key within the thread (so at
+    /// most 212 visible ASCII characters) and sent back as `runId` in the events. The same
     /// input posted again attaches to the same run (a different one with this `runId`: 409
     /// `idempotency_key_reused`).
-    #[schema(min_length = 1, max_length = 249, pattern = "^[!-~]{1,249}$")]
+    #[schema(min_length = 1, max_length = 212, pattern = "^[!-~]{1,212}$")]
     pub run_id: String,
     /// The thread as the client holds it; behest reads only the end of it. A last `user`
     /// message (`content` a string, or parts whose `text` parts are joined by newlines) starts
@@ -225,7 +225,7 @@ fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswe
         (status = 409, description = "`session_busy` (the thread has a run in progress, `run_id`); `run_not_waiting` (the input answers calls its run does not wait for); `tool_call_answered`; `idempotency_key_reused` (this `runId` started a different run)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 249 visible ASCII characters; no user message to start a run from and no waiting run; a tool definition or a `forwardedProps` field as `POST /runs` refuses it); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 212 visible ASCII characters; no user message to start a run from and no waiting run; a tool definition or a `forwardedProps` field as `POST /runs` refuses it); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 503, description = "`shutting_down`; `too_many_watchers`", body = Problem, content_type = "application/problem+json",
@@ -237,11 +237,17 @@ pub async fn run_ag_ui_agent(
     headers: HeaderMap,
     Json(input): Json<RunAgentInput>,
 ) -> Result<Response, ApiError> {
-    let client_request_id = format!("{AG_UI_RUN_PREFIX}{}", input.run_id);
-    if input.run_id.is_empty() || !crate::domain::is_idempotency_key(&client_request_id) {
+    // Keyed within its thread: `ag-ui:<session id>:<runId>`, at most 255 characters.
+    let thread_key = format!("{AG_UI_RUN_PREFIX}{}:", crate::domain::SessionId::new());
+    if input.run_id.is_empty()
+        || !crate::domain::is_idempotency_key(&format!("{thread_key}{}", input.run_id))
+    {
         return Err(invalid(
             "runId",
-            "must be 1 to 249 visible ASCII characters (`!` to `~`)",
+            format!(
+                "must be 1 to {} visible ASCII characters (`!` to `~`)",
+                255 - thread_key.len()
+            ),
         ));
     }
     let messages: Vec<AgUiMessage> = input
@@ -254,6 +260,7 @@ pub async fn run_ag_ui_agent(
         .runtime
         .client_session("threadId", &input.thread_id)
         .await?;
+    let client_request_id = format!("{AG_UI_RUN_PREFIX}{}:{}", session.id, input.run_id);
     let answered = agent_answer(
         &state,
         caller,

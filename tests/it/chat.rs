@@ -547,7 +547,11 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
     let tool_call_id = pending[0].as_str().expect("a pending call").to_owned();
     let record = server.get_json(&format!("/runs/{behest_run}")).await;
     assert_eq!(record["status"], "requires_action");
-    assert_eq!(record["client_request_id"], format!("ag-ui:{run_id}"));
+    let session_id = record["session_id"].as_str().unwrap();
+    assert_eq!(
+        record["client_request_id"],
+        format!("ag-ui:{session_id}:{run_id}")
+    );
     assert_eq!(
         record["instructions"],
         "Answer briefly.\n\nContext:\n- The user's city: Lyon"
@@ -680,6 +684,18 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
     }
     let (status, _) = server.post_empty("/chat/fresh-thread-1/stop").await;
     assert_eq!(status, 404, "no session was kept for the refused thread");
+    // A runId is an idempotency key within its thread: another thread may use the same one.
+    let other_thread = post(
+        &server,
+        "/ag-ui",
+        &json!({"threadId": uuid::Uuid::new_v4().to_string(), "runId": run_id,
+                "messages": [thread_message("hello")],
+                "forwardedProps": {"provider": "demo", "model": "demo"}}),
+    )
+    .await;
+    assert_eq!(other_thread.status, 200, "{}", other_thread.problem);
+    assert_eq!(other_thread.chunks()[0]["runId"], run_id.as_str());
+    assert_ne!(other_thread.header("x-run-id").unwrap(), behest_run);
     db.cleanup().await;
 }
 

@@ -220,7 +220,10 @@ async fn a_cursor_past_the_end_of_a_live_run_is_refused(backend: Backend) {
             break response;
         }
         assert_eq!(response.status(), 400);
-        assert!(std::time::Instant::now() < deadline, "sequence 5 never logged");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sequence 5 never logged"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let early = tokio::time::timeout(Duration::from_secs(10), collect_frames(early))

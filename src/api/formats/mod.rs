@@ -108,9 +108,21 @@ pub fn split_tool_call_id(id: &str) -> Option<(RunId, u32, &str)> {
     Some((run_id, iteration, parts.next()?))
 }
 
-/// The `client_request_id` prefix of a run started through `POST /ag-ui`: the rest is the
-/// client's `RunAgentInput.runId`, which AG-UI frames then carry as `runId`.
+/// The `client_request_id` prefix of a run started through `POST /ag-ui`: the rest is
+/// `<session id>:<RunAgentInput.runId>` (a runId is an idempotency key within its thread, not
+/// across the server), and AG-UI frames carry the runId as `runId`.
 pub const AG_UI_RUN_PREFIX: &str = "ag-ui:";
+
+/// The client's AG-UI runId in a run's `client_request_id` (see [`AG_UI_RUN_PREFIX`]).
+#[must_use]
+pub fn ag_ui_run_id(client_request_id: &str) -> Option<&str> {
+    let rest = client_request_id.strip_prefix(AG_UI_RUN_PREFIX)?;
+    let id = rest
+        .split_once(':')
+        .filter(|(thread, _)| thread.parse::<uuid::Uuid>().is_ok())
+        .map_or(rest, |(_, id)| id);
+    (!id.is_empty()).then_some(id)
+}
 
 /// What a projection knows of a run besides its events, all from its record (and the tool
 /// configuration for which server tools wait for approval).
@@ -121,7 +133,7 @@ pub struct RunContext {
     /// AG-UI `threadId`: the session id.
     pub thread_id: String,
     /// AG-UI `runId`: the client's runId for a run started through `/ag-ui`
-    /// (`client_request_id` = [`AG_UI_RUN_PREFIX`] + runId), else the run id.
+    /// (`client_request_id` = [`AG_UI_RUN_PREFIX`] + session id + `:` + runId), else the run id.
     pub ag_ui_run_id: String,
     /// Tools the run defined for the client to execute.
     pub client_tools: HashSet<String>,
@@ -158,8 +170,7 @@ impl RunContext {
         let ag_ui_run_id = record
             .client_request_id
             .as_deref()
-            .and_then(|key| key.strip_prefix(AG_UI_RUN_PREFIX))
-            .filter(|id| !id.is_empty())
+            .and_then(ag_ui_run_id)
             .map_or_else(|| record.id.to_string(), str::to_owned);
         Self {
             run_id: record.id,

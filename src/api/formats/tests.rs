@@ -610,11 +610,17 @@ fn the_ag_ui_run_id_of_a_run_started_through_ag_ui_is_the_clients() {
         RunContext::new(&record, &tools).ag_ui_run_id,
         record.id.to_string()
     );
-    record.client_request_id = Some(format!("{AG_UI_RUN_PREFIX}client-run-7"));
+    record.client_request_id = Some(format!(
+        "{AG_UI_RUN_PREFIX}{}:client-run-7",
+        record.session_id
+    ));
     assert_eq!(
         RunContext::new(&record, &tools).ag_ui_run_id,
         "client-run-7"
     );
+    // A runId with colons of its own keeps them.
+    record.client_request_id = Some(format!("{AG_UI_RUN_PREFIX}{}:a:b", record.session_id));
+    assert_eq!(RunContext::new(&record, &tools).ag_ui_run_id, "a:b");
     record.client_request_id = Some("plain-key".to_owned());
     assert_eq!(
         RunContext::new(&record, &tools).ag_ui_run_id,
