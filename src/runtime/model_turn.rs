@@ -209,6 +209,25 @@ pub(super) async fn record_cut_off_usage(
         .sum();
     usage.output_tokens += arguments;
     usage.total_tokens += arguments;
+    log_estimated_usage(emitter, store, record, trail, in_flight, usage, cancelled).await
+}
+
+/// Logs `usage`, the estimate of a call this process made and a stop cut off, as a
+/// `usage_recorded` counted in the run's `total_usage` (the run row, its snapshot, its output)
+/// and in the token metrics; counts the call as `cancelled` in the call metrics when a cancel
+/// cut it (a failure counted it already). Shared by model calls and the summariser's.
+///
+/// # Errors
+/// The event log's or the store's.
+pub(in crate::runtime) async fn log_estimated_usage(
+    emitter: &RunEmitter,
+    store: &dyn crate::store::Store,
+    record: &RunRecord,
+    trail: &RunTrail,
+    in_flight: &CallInFlight,
+    usage: crate::domain::TokenUsage,
+    cancelled: bool,
+) -> Result<(), super::end::EndError> {
     let mut total = store
         .get_run(record.id)
         .await?

@@ -349,37 +349,8 @@ pub(in crate::runtime) async fn record_cut_off_summariser(
             tool_calls: &[],
         },
     );
-    let mut total = store
-        .get_run(record.id)
-        .await?
-        .map_or(record.total_usage, |run| run.total_usage);
-    total += usage;
-    emitter
-        .emit_with(
-            EventPayload::UsageRecorded(crate::events::UsageRecorded { usage }),
-            RunChange {
-                progress: Some((trail.iterations(), total)),
-                ..RunChange::default()
-            },
-        )
-        .await?;
-    telemetry::metrics::tokens(
-        &in_flight.provider,
-        &in_flight.model,
-        [
-            ("input", usage.input_tokens),
-            ("output", 0),
-            ("cache_read", 0),
-            ("cache_write", 0),
-        ],
-    );
-    if cancelled {
-        telemetry::metrics::model_call(
-            &in_flight.provider,
-            &in_flight.model,
-            "cancelled",
-            in_flight.started.elapsed(),
-        );
-    }
-    Ok(())
+    crate::runtime::model_turn::log_estimated_usage(
+        emitter, store, record, trail, in_flight, usage, cancelled,
+    )
+    .await
 }
