@@ -20,6 +20,10 @@ use crate::store::{ClaimedRun, Lease, StoreError, unix_ms};
 /// Runs one recovery scan takes over at most.
 const CLAIM_BATCH: u32 = 1000;
 
+/// How long a takeover waits for an old task of the same run in this process to stop (an
+/// aborted task returns at its next await: far less in practice).
+const STALE_TASK_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Runtime {
     /// This process's lease on a run, from now.
     pub(super) fn lease(&self) -> Lease {
@@ -94,9 +98,29 @@ impl Runtime {
     /// Resumes, fails or cancels a run just claimed, from its log read once.
     async fn adopt(self: &Arc<Self>, run: ClaimedRun) -> Result<(), StoreError> {
         let record = run.record;
-        if self.active().contains_key(&record.id) {
-            return Ok(());
+        let stale = self.active().get(&record.id).map(|run| {
+            run.abandon.cancel();
+            run.ended.clone()
+        });
+        if let Some(ended) = stale {
+            // This process claimed back a run an old task of its own still executes: it was
+            // frozen past its lease, a peer took the run over, and the peer's lease expired in
+            // turn. The old task works from a log that has moved on: it stops first, then the
+            // run resumes from the stored log (its late events are refused by the store).
+            tracing::warn!(run_id = %record.id, "claimed back a run whose old task still ran here; stopping it to resume from the log");
+            if tokio::time::timeout(STALE_TASK_BOUND, ended.cancelled())
+                .await
+                .is_err()
+            {
+                return Err(StoreError::Timeout("stopping the run's old task"));
+            }
         }
+        // Events a stopped task of this run enqueued are committed (or refused) before its
+        // log is read, so the resumed run's sequences follow them.
+        self.log
+            .flush()
+            .await
+            .map_err(|error| StoreError::Corrupt(format!("the event log writer: {error}")))?;
         let trail = RunTrail::load(self.store.as_ref(), record.id).await?;
         if trail.end().is_some() {
             tracing::error!(run_id = %record.id, "the run's log has its terminal event, its record does not; left as it is");

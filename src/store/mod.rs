@@ -298,7 +298,9 @@ pub struct EventWrite {
 /// The writes of a batch [`EventStore::append_events_as`] did not make.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Refused {
-    /// Runs whose lease another process holds: none of their events in the batch were written.
+    /// Runs this writer may not write: another process holds the lease, or the batch's events
+    /// of the run do not continue its stored log (a stopped emitter's late events after the
+    /// run was resumed from the log). None of their events in the batch were written.
     pub fenced: Vec<RunId>,
     /// Runs whose terminal event (a completion or failure) was not written because a cancel
     /// had been recorded first (`request_cancel`); their other events were.
@@ -505,9 +507,11 @@ pub trait EventStore: Send + Sync {
 
     /// Appends events like [`EventStore::append_events`], as the process `owner`: the events of a
     /// run whose lease another process holds are not written (fencing: a process that lost a
-    /// run cannot write to its log), nor a completion or failure of a run whose cancel was
-    /// recorded first (it ends cancelled); the others are, in one transaction. Returns what
-    /// was refused. `None` checks no lease.
+    /// run cannot write to its log), nor the events of a run that do not continue its stored
+    /// log (the next sequences, in order: a stale writer's), nor a completion or failure of a
+    /// run whose cancel was recorded first (it ends cancelled); the others are, in one
+    /// transaction, so one run's stale writer never fails another run's events. Returns what
+    /// was refused. `None` checks neither lease nor sequences.
     async fn append_events_as(
         &self,
         owner: Option<&str>,

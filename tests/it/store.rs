@@ -584,6 +584,31 @@ async fn leases_claims_and_fencing(backend: Backend) {
     assert!(refused.is_empty());
     assert_eq!(store.last_sequence(expired).await.unwrap(), 1);
 
+    // A writer whose events do not continue a run's stored log (a stopped task's late events,
+    // the same sequence written twice) is refused for that run only: no duplicate key fails
+    // the batch, and the other runs' events in it are written.
+    let refused = store
+        .append_events_as(Some("b"), &[write(expired, 1), write(expired, 2)])
+        .await
+        .unwrap();
+    assert_eq!(refused.fenced, vec![expired], "sequence 1 is taken");
+    let refused = store
+        .append_events_as(Some("a"), &[write(live, 3), write(live, 2)])
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.fenced,
+        vec![live],
+        "a gap in the log is refused too"
+    );
+    let refused = store
+        .append_events_as(Some("b"), &[write(expired, 2), write(expired, 3)])
+        .await
+        .unwrap();
+    assert!(refused.is_empty(), "the next sequences are written");
+    assert_eq!(store.last_sequence(expired).await.unwrap(), 3);
+    assert_eq!(store.last_sequence(live).await.unwrap(), 1);
+
     // Renewal reports what the owner still holds and the cancels requested meanwhile.
     assert!(store.request_cancel(live).await.unwrap());
     let renewal = store.renew_leases("a", now_ms() + 60_000).await.unwrap();

@@ -51,6 +51,25 @@ fn run_ids<'a>(writes: impl Iterator<Item = &'a EventWrite>) -> Vec<uuid::Uuid> 
     runs
 }
 
+/// Whether the events of `run` in `writes` are the next sequences after `last`, in order.
+fn continues_log(run: uuid::Uuid, last: u64, writes: &[EventWrite]) -> bool {
+    let sequences = writes
+        .iter()
+        .filter(|write| write.run_id.0 == run)
+        .map(|write| write.event.sequence);
+    let continues = sequences
+        .zip(last + 1..)
+        .all(|(sequence, next)| sequence == next);
+    if !continues {
+        tracing::warn!(
+            run_id = %run,
+            last_stored = last,
+            "events that do not continue the run's stored log were refused (a stopped writer's)"
+        );
+    }
+    continues
+}
+
 /// Implements [`EventStore`] for a backend struct (see `sql/mod.rs`).
 macro_rules! impl_event_store {
     ($store:ty, $db:ty) => {
@@ -71,13 +90,18 @@ macro_rules! impl_event_store {
                     .collect();
                 let mut tx = self.begin_write().await?;
                 let mut refused = Refused::default();
-                // Fencing: only runs this process (still) holds the lease of are written. The
-                // check holds until the commit: SQLite's write transaction excludes every other
-                // writer; PostgreSQL's `FOR SHARE` row locks make a takeover wait for it.
+                // Fencing: only runs this process (still) holds the lease of are written, and
+                // only events that continue the stored log (the next sequences, in order). The
+                // second check refuses a stopped emitter's late events — its run was taken over
+                // and given back meanwhile, or resumed here from the log — run by run, where a
+                // duplicate sequence would fail the whole batch. The checks hold until the
+                // commit: SQLite's write transaction excludes every other writer; PostgreSQL's
+                // `FOR SHARE` row locks make a takeover wait for it.
                 if let Some(owner) = owner {
                     let runs = run_ids(events.iter());
                     let mut check = sqlx::QueryBuilder::<$db>::new(
-                        "SELECT id FROM runs WHERE (lease_owner IS NULL OR lease_owner = ",
+                        "SELECT id, (SELECT MAX(sequence) FROM events WHERE events.run_id = runs.id) \
+                         FROM runs WHERE (lease_owner IS NULL OR lease_owner = ",
                     );
                     check.push_bind(owner).push(") AND id IN (");
                     let mut list = check.separated(", ");
@@ -85,11 +109,15 @@ macro_rules! impl_event_store {
                         list.push_bind(*run);
                     }
                     check.push(")").push(Self::ROW_LOCK);
-                    let owned: Vec<uuid::Uuid> =
-                        check.build_query_scalar().fetch_all(&mut *tx).await?;
+                    let owned: Vec<(uuid::Uuid, Option<i64>)> =
+                        check.build_query_as().fetch_all(&mut *tx).await?;
                     refused.fenced = runs
                         .into_iter()
-                        .filter(|run| !owned.contains(run))
+                        .filter(|run| {
+                            owned.iter().find(|(id, _)| id == run).is_none_or(|(_, last)| {
+                                !continues_log(*run, last.map_or(0, count), events)
+                            })
+                        })
                         .map(RunId)
                         .collect();
                 }
