@@ -12,11 +12,10 @@
 //! the run `cancelled`; the tool server saw no call executed twice without the same
 //! `Idempotency-Key`; every session accepts its next run, which completes.
 //!
-//! Opt-in for now: it runs with `BEHEST_TEST_REPLICA_HARNESS=1`. In about one run in six it
-//! catches a real failover bug — a replica's event batch hits `duplicate key … events_pkey`
-//! after a takeover, and every run in that group-commit batch fails `internal` (seen in a CI run
-//! of 2026-12-04, seed 1796399079099953577) — and a test that fails at random cannot gate CI.
-//! Fix the bug, then make it required again.
+//! It caught a failover bug (a replica's event batch hit `duplicate key … events_pkey` after a
+//! takeover, and every run of that group-commit batch failed `internal`); the store now refuses
+//! events that do not continue a run's log, run by run, and a takeover stops an old task of the
+//! same run first (`store/sql/events.rs`, `runtime/recovery.rs`).
 //!
 //! PostgreSQL only: skipped without `BEHEST_TEST_POSTGRES_URL`, a failure without it when
 //! `BEHEST_TEST_REQUIRE_POSTGRES=1`. The random choices (cancel times and targets) print their
@@ -46,9 +45,11 @@ const REPLICAS: usize = 3;
 /// The replica killed with `kill -9`, and the one frozen past its lease.
 const KILLED: usize = 0;
 const FROZEN: usize = 1;
-/// The runs' lease; the frozen replica stays stopped for [`FREEZE`], well past it.
-const LEASE_TTL_MS: u64 = 1_500;
-const FREEZE: Duration = Duration::from_millis(4_500);
+/// The runs' lease; the frozen replica stays stopped for [`FREEZE`], well past it. Shorter
+/// than the default (6 s) to keep the test short, long enough that a replica on a loaded CI
+/// machine (a renewal's timeout is a third of it) does not fail-stop its runs before the kill.
+const LEASE_TTL_MS: u64 = 3_000;
+const FREEZE: Duration = Duration::from_millis(7_000);
 /// Every this-many-th run gets a cancel, at a random moment, sent to a random replica.
 const CANCEL_EVERY: usize = 4;
 
@@ -418,14 +419,6 @@ type Cancel = (usize, usize, u16, Value);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_survive_a_kill_and_a_freeze() {
-    // Opt-in until the failover bug it caught is fixed (see the module doc).
-    if std::env::var_os("BEHEST_TEST_REPLICA_HARNESS").is_none() {
-        eprintln!(
-            "SKIPPED: the replica harness runs with BEHEST_TEST_REPLICA_HARNESS=1 (it can fail \
-             on a known failover bug: duplicate event sequences after a takeover)"
-        );
-        return;
-    }
     let Some(db) = TestDb::new(Backend::Postgres).await else {
         return;
     };

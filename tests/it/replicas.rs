@@ -384,3 +384,104 @@ async fn the_replica_id_names_leases_and_connections() {
     drop(server);
     db.cleanup().await;
 }
+
+/// libfaketime (Debian's `libfaketime`), which shifts a process's wall clock.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// A replica whose clock runs 20 s ahead takes no healthy run from another: lease times come
+/// from the database's clock, not the process's (libfaketime shifts the replica's clock; the
+/// test checks that it did, from the `Date` header the replica sends).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_whose_clock_runs_ahead_takes_no_healthy_run() {
+    if !std::path::Path::new(FAKETIME).exists() {
+        assert!(
+            std::env::var_os("BEHEST_TEST_REQUIRE_POSTGRES").is_none(),
+            "{FAKETIME} is missing (apt-get install libfaketime); .ci/run installs it"
+        );
+        eprintln!("skipped: {FAKETIME} is missing");
+        return;
+    }
+    let Some(db) = postgres().await else {
+        return;
+    };
+    let fake = FakeOpenAi::start().await;
+    let stalled = text_stream(&["Thinking", " hard"]);
+    fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
+    let config = format!(
+        "[runtime]\nlease_ttl_ms = 3000\nshutdown_grace_ms = 300\n\n\
+         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
+         [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 60000\nidle_ms = 60000\ntotal_ms = 120000\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
+         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
+        fake.base_url()
+    );
+    let a = ServerProcess::start_with_env(
+        "replica-a",
+        &config,
+        &db.url,
+        &[("BEHEST_DATABASE__REPLICA_ID", "replica-a")],
+    )
+    .await;
+    let ahead = ServerProcess::start_with_env(
+        "replica-ahead",
+        &config,
+        &db.url,
+        &[
+            ("BEHEST_DATABASE__REPLICA_ID", "replica-ahead"),
+            ("LD_PRELOAD", FAKETIME),
+            ("FAKETIME", "+20s"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_DONT_RESET", "1"),
+        ],
+    )
+    .await;
+    // The shifted clock is real: the replica's `Date` header is about 20 s ahead.
+    let response = behest::net::client()
+        .expect("client")
+        .get(ahead.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    let date = response.headers()["date"].to_str().unwrap().to_owned();
+    let sent = chrono::DateTime::parse_from_rfc2822(&date).unwrap();
+    let ahead_by = sent.signed_duration_since(chrono::Utc::now()).num_seconds();
+    assert!(
+        (15..=25).contains(&ahead_by),
+        "Date {date}: {ahead_by} s ahead"
+    );
+
+    let (status, _, created) = a
+        .post(
+            "/runs",
+            &json!({"provider": "fake", "model": "fake-model", "input": "hold"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{created}");
+    let run_id = created["run_id"].as_str().unwrap().to_owned();
+    // Several lease periods: every scan of the replica ahead sees A's lease live.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let mut connection = PgConnection::connect(&db.url).await.unwrap();
+    let owner: Option<String> = sqlx::query_scalar("SELECT lease_owner FROM runs WHERE id = $1")
+        .bind(run_id.parse::<uuid::Uuid>().unwrap())
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert!(
+        owner
+            .as_deref()
+            .is_some_and(|o| o.starts_with("replica-a/")),
+        "the run's lease went to {owner:?}\n{}",
+        ahead.log()
+    );
+    assert_eq!(status_of(&a, &run_id).await, "calling_model");
+    assert!(
+        !ahead.log().contains("took over runs"),
+        "the replica ahead took over a run:\n{}",
+        ahead.log()
+    );
+    let (status, body) = a.post_empty(&format!("/runs/{run_id}/cancel")).await;
+    assert_eq!(status, 202, "{body}");
+    drop(ahead);
+    drop(a);
+    db.cleanup().await;
+}

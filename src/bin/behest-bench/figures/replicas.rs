@@ -233,16 +233,33 @@ async fn two_replicas(
     } else {
         Duration::from_secs(5)
     };
+    // A backend reports its transactions to `pg_stat_database` when it goes idle, at most once
+    // a second, and an idle one at the latest after 10 s (PostgreSQL's `PGSTAT_IDLE_INTERVAL`,
+    // `pgstat.c`): the work before a window is only out of it 10 s later.
+    let settle = if plan.smoke {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(11)
+    };
     let on_a = ctx.aimed_at(&a.base_url, a.pid, None);
     let idle_run = on_a.create_run(MODEL_IDLE, &tag("replicas-idle")).await?;
     // The cancelled runs before have settled.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(settle).await;
     let (none_rate, none_connections) = load(&db.url, window).await?;
     let mut readers = Vec::with_capacity(plan.replica_idle_watchers);
     for _ in 0..plan.replica_idle_watchers {
         readers.push(on_b.watch(&idle_run, None).await?);
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Each watcher has read the log so far (its replay is over) before the wait.
+    let logged = last_sequence(&db.url, &idle_run).await?;
+    for reader in &mut readers {
+        while let Some(frame) = reader.next().await? {
+            if frame.id >= Some(logged) {
+                break;
+            }
+        }
+    }
+    tokio::time::sleep(settle).await;
     let (many_rate, many_connections) = load(&db.url, window).await?;
     on_b.cancel(&idle_run).await?;
     for mut reader in readers {
@@ -342,6 +359,18 @@ async fn two_replicas(
 }
 
 /// Transactions per second over `window` and connections per `application_name`.
+/// The last sequence stored for the run.
+async fn last_sequence(db_url: &str, run_id: &str) -> Result<u64> {
+    let mut connection = sqlx::PgConnection::connect(db_url).await?;
+    let last: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(sequence) FROM events WHERE run_id = $1::uuid")
+            .bind(run_id)
+            .fetch_one(&mut connection)
+            .await?;
+    let _ = connection.close().await;
+    Ok(last.map_or(0, |last| u64::try_from(last).unwrap_or(0)))
+}
+
 async fn load(db_url: &str, window: Duration) -> Result<(f64, BTreeMap<String, i64>)> {
     let mut connection = sqlx::PgConnection::connect(db_url).await?;
     let count = "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
