@@ -485,3 +485,178 @@ async fn a_replica_whose_clock_runs_ahead_takes_no_healthy_run() {
     drop(a);
     db.cleanup().await;
 }
+
+/// A TCP proxy to PostgreSQL that can be cut: while cut, it forwards nothing either way and
+/// keeps every connection open (a partition: the database neither answers nor refuses).
+struct Partition {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Partition {
+    async fn start(upstream: std::net::SocketAddr) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                for (mut from, mut to) in [
+                    (
+                        Box::new(client_read) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                        Box::new(server_write) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                    ),
+                    (Box::new(server_read), Box::new(client_write)),
+                ] {
+                    let flag = flag.clone();
+                    tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buffer = vec![0; 16 * 1024];
+                        loop {
+                            let Ok(read) = from.read(&mut buffer).await else {
+                                return;
+                            };
+                            if read == 0 {
+                                return;
+                            }
+                            while flag.load(Ordering::SeqCst) {
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                            if to.write_all(&buffer[..read]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Self { addr, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Fail-stop: a replica cut off from the database stops its run's model call before the run's
+/// lease expires (a peer may take it over from then on), not only its writes; once the
+/// database answers again and the lease is still its own, it resumes the run, which completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_cut_off_from_the_database_stops_its_calls_before_its_lease_expires() {
+    let Some(db) = postgres().await else {
+        return;
+    };
+    let fake = FakeOpenAi::start().await;
+    let stalled = text_stream(&["Thinking", " hard"]);
+    fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
+    fake.push(Reply::sse(&text_stream(&["Done", "."])));
+    let config = format!(
+        "[runtime]\nlease_ttl_ms = 3000\nshutdown_grace_ms = 300\n\n\
+         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
+         [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 60000\nidle_ms = 60000\ntotal_ms = 120000\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
+         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
+        fake.base_url()
+    );
+    let direct = reqwest::Url::parse(&db.url).unwrap();
+    let upstream = tokio::net::lookup_host(format!(
+        "{}:{}",
+        direct.host_str().unwrap(),
+        direct.port().unwrap_or(5432)
+    ))
+    .await
+    .unwrap()
+    .next()
+    .unwrap();
+    let partition = Partition::start(upstream).await;
+    let mut through = direct.clone();
+    through.set_host(Some("127.0.0.1")).unwrap();
+    through.set_port(Some(partition.addr.port())).unwrap();
+    let server = ServerProcess::start("cut-off", &config, through.as_str()).await;
+    let (status, _, created) = server
+        .post(
+            "/runs",
+            &json!({"provider": "fake", "model": "fake-model", "input": "hold"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{created}");
+    let run_id: uuid::Uuid = created["run_id"].as_str().unwrap().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_of(&server, &run_id.to_string()).await != "calling_model" {
+        assert!(Instant::now() < deadline, "the run never called its model");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A renewal or two after the call started, then the cut.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut connection = PgConnection::connect(&db.url).await.unwrap();
+    partition.set_cut(true);
+    let lease_expires_ms: i64 =
+        sqlx::query_scalar("SELECT lease_expires_ms FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_one(&mut connection)
+            .await
+            .unwrap();
+    let database_now = || async {
+        let mut connection = PgConnection::connect(&db.url).await.unwrap();
+        let now: i64 = sqlx::query_scalar(
+            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+        )
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+        now
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fake.abandoned() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the model call is still open 10 s after the cut:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stopped_at = database_now().await;
+    assert!(
+        stopped_at < lease_expires_ms,
+        "the model call was stopped {} ms after the lease expired:\n{}",
+        stopped_at - lease_expires_ms,
+        server.log()
+    );
+    assert!(server.log().contains("fail-stop"), "{}", server.log());
+
+    // The database answers again: the run is resumed here and completes.
+    partition.set_cut(false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_one(&mut connection)
+            .await
+            .unwrap();
+        if status == "completed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {status} 30 s after the database came back:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let frames = tokio::time::timeout(Duration::from_secs(10), watch(&server, &run_id.to_string()))
+        .await
+        .unwrap()
+        .unwrap();
+    let types: Vec<&str> = frames.iter().map(|f| f.1.as_str()).collect();
+    assert!(types.contains(&"run_resumed"), "{types:?}");
+    assert_eq!(types.last(), Some(&"run_completed"), "{types:?}");
+    drop(server);
+    db.assert_logs_fold().await;
+    db.cleanup().await;
+}
