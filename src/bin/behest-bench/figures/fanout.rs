@@ -20,7 +20,7 @@ struct Watched {
 }
 
 /// Frames delivered per second after `open`, and how many.
-fn delivery(open: Instant, frames: &[Vec<Instant>]) -> (f64, usize) {
+pub(super) fn delivery(open: Instant, frames: &[Vec<Instant>]) -> (f64, usize) {
     let mut count = 0;
     let mut last = open;
     for watcher in frames {

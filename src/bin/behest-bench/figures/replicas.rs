@@ -14,6 +14,9 @@
 //! - **Database load of idle watchers**: transactions per second (`pg_stat_database`
 //!   `xact_commit + xact_rollback` over a window) and each replica's connections
 //!   (`pg_stat_activity`) with many idle watchers on B of a run waiting on A, against none.
+//! - **Fan-out across replicas**: `text_delta` frames per second delivered to many watchers of
+//!   one run executing on A, spread evenly over three replicas A, B and C, against all of them
+//!   on A.
 //! - **A short run over a slower link**: the time of a short run through A when PostgreSQL is
 //!   behind a TCP proxy that delays every chunk by [`LINK_DELAY`] each way, against the same
 //!   run on loopback; the difference divided by the round-trip delay estimates the run's
@@ -59,8 +62,10 @@ pub(super) async fn replicas(ctx: &Ctx) -> Result<Vec<Row>> {
         dir: dir.clone(),
     };
     let (launch_a, launch_b) = (launch("replica-a", &db.url), launch("replica-b", &db.url));
+    let launch_c = launch("replica-c", &db.url);
     let result = async {
         let mut rows = two_replicas(ctx, &db, &launch_a, &launch_b).await?;
+        rows.extend(spread(ctx, [&launch_a, &launch_b, &launch_c]).await?);
         rows.extend(slow_link(ctx, &db, &dir, &config).await?);
         Ok(rows)
     }
@@ -393,6 +398,80 @@ async fn load(db_url: &str, window: Duration) -> Result<(f64, BTreeMap<String, i
     .await?;
     let _ = connection.close().await;
     Ok((rate, rows.into_iter().collect()))
+}
+
+/// Events per second to many watchers of one run executing on A: all of them on A (the
+/// baseline), then spread evenly over A, B and C (B's and C's read the store when A's signal
+/// wakes them). Counted: `text_delta` frames delivered from the gate's opening to the last.
+async fn spread(ctx: &Ctx, launches: [&Launch; 3]) -> Result<Vec<Row>> {
+    let client = &ctx.client;
+    let mut processes = Vec::with_capacity(launches.len());
+    for (launch, log) in launches.into_iter().zip([
+        "replica-a-spread.log",
+        "replica-b-spread.log",
+        "replica-c-spread.log",
+    ]) {
+        processes.push(start(launch, log, client).await?);
+    }
+    let aimed: Vec<_> = processes
+        .iter()
+        .map(|p| ctx.aimed_at(&p.base_url, p.pid, None))
+        .collect();
+    let watchers = ctx.plan.replica_idle_watchers;
+    let mut rates = Vec::with_capacity(2);
+    for spread in [false, true] {
+        ctx.fake.close_gate(MODEL_FANOUT);
+        let run_tag = tag("replicas-spread");
+        let run_id = aimed[0].create_run(MODEL_FANOUT, &run_tag).await?;
+        if ctx
+            .fake
+            .wait_exchange(&run_tag, Duration::from_secs(10))
+            .await
+            .is_none()
+        {
+            bail!("run {run_id}: no model call");
+        }
+        let mut readers = Vec::with_capacity(watchers);
+        for i in 0..watchers {
+            let on = if spread {
+                &aimed[i % aimed.len()]
+            } else {
+                &aimed[0]
+            };
+            readers.push(on.watch(&run_id, None).await?);
+        }
+        let open = Instant::now();
+        ctx.fake.open_gate(MODEL_FANOUT);
+        let tasks: Vec<_> = readers
+            .into_iter()
+            .enumerate()
+            .map(|(i, reader)| {
+                let ctx = ctx.clone();
+                let label = format!("run {run_id} watcher {i} (spread: {spread})");
+                tokio::spawn(async move { follow(&ctx, label, reader, "run_completed").await })
+            })
+            .collect();
+        let mut frames = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            frames.push(task.await??);
+        }
+        ctx.fake.close_gate(MODEL_FANOUT);
+        rates.push(super::fanout::delivery(open, &frames).0);
+    }
+    drop(processes);
+    Ok(vec![
+        Row::new(
+            &format!(
+                "text_delta frames/s to {watchers} watchers of a run on A, spread over A, B and C"
+            ),
+            "frames/s",
+            Some(rates[0]),
+            rates[1],
+            Compare::Ratio,
+        )
+        .samples(1)
+        .note("baseline: every watcher on A, the replica executing the run"),
+    ])
 }
 
 /// A short run's time through a replica whose database link is delayed, against loopback.
