@@ -12,6 +12,7 @@ mod event_log;
 mod images;
 mod model_turn;
 mod recovery;
+mod relay;
 mod resume;
 mod retention;
 mod run_loop;
@@ -624,6 +625,13 @@ impl Runtime {
     ) -> impl Stream<Item = Result<Arc<EventFrame>, StoreError>> + Send + 'static {
         let live = self.log.feed().subscribe(run_id);
         let wakeup = self.signals.wakeup(run_id);
+        // A run executing elsewhere: its frames come from the store, read once for every
+        // watcher of the run here.
+        let live = live.or_else(|| {
+            wakeup
+                .as_ref()
+                .and_then(|wakeup| wakeup.relay(&self.store, run_id))
+        });
         watch::watch(self.store.clone(), run_id, live, wakeup, after)
     }
 

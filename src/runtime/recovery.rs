@@ -67,6 +67,8 @@ impl Runtime {
     /// # Errors
     /// The store's.
     pub async fn recover(self: &Arc<Self>) -> Result<usize, StoreError> {
+        // Lease times come from the database's clock from the first claim on.
+        self.measure_clock().await?;
         self.take_over(self.store.single_process()).await
     }
 
@@ -248,9 +250,6 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
         if runtime.stop.is_cancelled() {
             return;
         }
-        if let Err(error) = runtime.measure_clock().await {
-            tracing::warn!(%error, "could not read the database's clock");
-        }
         let lease = runtime.lease();
         // Only runs whose lease was committed before the renewal can be missing from it
         // because another process took them; a run created meanwhile is not lost.
@@ -310,6 +309,13 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
                     }
                 }
             }
+        }
+        // After the renewal, and bounded like it: a database that does not answer must not
+        // hold the loop before the renewal whose failure stops the runs (fail-stop).
+        match tokio::time::timeout(period, runtime.measure_clock()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "could not read the database's clock"),
+            Err(_) => tracing::warn!("the database's clock did not answer in time"),
         }
         runtime.spawn_scan();
     }

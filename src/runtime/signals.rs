@@ -5,7 +5,8 @@
 //! watcher (signals may have been missed), and a slow check bounds a silent listener: every
 //! [`PROBE_EVERY`] the replica sends itself a probe, and when the previous one has not come
 //! back it wakes every watcher (they read the store) and reports the listener failed. One
-//! probe per replica, whatever the number of watchers: idle watchers cost the database nothing.
+//! probe per replica, whatever the number of watchers: idle watchers cost the database nothing,
+//! and a run's live watchers here share one read of the store per signal (`relay.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +17,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Runtime;
+use super::relay::Relay;
 use crate::domain::RunId;
-use crate::store::{Signal, SignalListener, StoreError};
+use crate::events::FeedSubscription;
+use crate::store::{Signal, SignalListener, Store, StoreError};
 
 /// How long the loop waits before listening again after the connection failed.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -31,14 +34,14 @@ pub(super) struct Signals {
     listening: AtomicBool,
     /// Whether the listener's connection works (false from a failure to its next signal).
     failed: AtomicBool,
-    runs: Mutex<HashMap<RunId, Weak<watch::Sender<()>>>>,
+    runs: Mutex<HashMap<RunId, Weak<Relay>>>,
 }
 
 /// A watcher's wake-up: changed whenever a signal for its run arrives (or may have been
-/// missed).
+/// missed); it holds the run's [`Relay`] in this process.
 #[derive(Debug)]
 pub struct Wakeup {
-    _sender: Arc<watch::Sender<()>>,
+    relay: Arc<Relay>,
     receiver: watch::Receiver<()>,
 }
 
@@ -54,10 +57,16 @@ impl Wakeup {
             std::future::pending::<()>().await;
         }
     }
+
+    /// The frames of the run read from the store once for every watcher here, from now on
+    /// (`relay.rs`); `None` once that reader has ended.
+    pub(super) fn relay(&self, store: &Arc<dyn Store>, run_id: RunId) -> Option<FeedSubscription> {
+        self.relay.subscribe(store, run_id)
+    }
 }
 
 impl Signals {
-    fn runs(&self) -> MutexGuard<'_, HashMap<RunId, Weak<watch::Sender<()>>>> {
+    fn runs(&self) -> MutexGuard<'_, HashMap<RunId, Weak<Relay>>> {
         self.runs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -67,35 +76,32 @@ impl Signals {
             return None;
         }
         let mut runs = self.runs();
-        let sender = runs
+        let relay = runs
             .get(&run_id)
             .and_then(Weak::upgrade)
             .unwrap_or_else(|| {
-                let sender = Arc::new(watch::Sender::new(()));
-                runs.insert(run_id, Arc::downgrade(&sender));
-                sender
+                let relay = Arc::new(Relay::new());
+                runs.insert(run_id, Arc::downgrade(&relay));
+                relay
             });
         // Forget runs nobody watches any more (amortised: only when the map grew large).
         if runs.len() > 64 && runs.len().is_power_of_two() {
-            runs.retain(|_, sender| sender.strong_count() > 0);
+            runs.retain(|_, relay| relay.strong_count() > 0);
         }
-        let receiver = sender.subscribe();
-        Some(Wakeup {
-            _sender: sender,
-            receiver,
-        })
+        let receiver = relay.wake.subscribe();
+        Some(Wakeup { relay, receiver })
     }
 
     fn wake(&self, run_id: RunId) {
-        if let Some(sender) = self.runs().get(&run_id).and_then(Weak::upgrade) {
-            sender.send_replace(());
+        if let Some(relay) = self.runs().get(&run_id).and_then(Weak::upgrade) {
+            relay.wake.send_replace(());
         }
     }
 
     fn wake_all(&self) {
-        let senders: Vec<_> = self.runs().values().filter_map(Weak::upgrade).collect();
-        for sender in senders {
-            sender.send_replace(());
+        let relays: Vec<_> = self.runs().values().filter_map(Weak::upgrade).collect();
+        for relay in relays {
+            relay.wake.send_replace(());
         }
     }
 }

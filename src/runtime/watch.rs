@@ -8,8 +8,9 @@
 //!
 //! A run not live in this process (executing on another replica) is read from the store when
 //! a signal says its events were committed (`signals.rs`, whose probe of its own listener
-//! wakes every watcher when signals may have been lost: no watcher polls); without a listener
-//! (a store one process uses), every [`POLL_INTERVAL`].
+//! wakes every watcher when signals may have been lost: no watcher polls), once for all its
+//! watchers here (`relay.rs`: its frames take the live feed's place, gaps are filled the same
+//! way); without a listener (a store one process uses), every [`POLL_INTERVAL`].
 
 use std::sync::Arc;
 use std::time::Duration;
