@@ -3,21 +3,25 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt as _;
+
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::ServiceExt as _;
+use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
-    Implementation, JsonObject, Tool,
+    Implementation, JsonObject, NumberOrString, ProgressNotificationParam, ProgressToken, Tool,
 };
-use rmcp::service::{Peer, RoleClient, RunningService};
+use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, ServiceExt as _};
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use super::{ToolError, ToolSetupError};
+use super::{ProgressSink, ToolError, ToolSetupError};
 use crate::config::McpServerConfig;
 
 /// How long a server may take to start, initialize and list its tools.
@@ -29,9 +33,35 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) struct McpServer {
     id: String,
     peer: Peer<RoleClient>,
+    /// Routes the server's `notifications/progress` to the call that sent their token.
+    progress: ProgressDispatcher,
     /// `None` once closed. Dropping it cancels the session, which kills a child process.
-    service: Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
+    service: Mutex<Option<RunningService<RoleClient, McpClient>>>,
 }
+
+/// Our side of a session: who we are, and where progress notifications go.
+struct McpClient {
+    info: ClientConfig,
+    progress: ProgressDispatcher,
+}
+
+impl ClientHandler for McpClient {
+    fn get_info(&self) -> ClientConfig {
+        self.info.clone()
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        // A token no call is waiting for (a late or made-up one) is dropped by the dispatcher.
+        self.progress.handle_notification(params).await;
+    }
+}
+
+/// The progress tokens of this process's calls: `behest-<n>`, unique per session.
+static NEXT_PROGRESS_TOKEN: AtomicU64 = AtomicU64::new(1);
 
 impl std::fmt::Debug for McpServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -67,6 +97,11 @@ pub(super) async fn connect(
         server: id.to_owned(),
         reason,
     };
+    let progress = ProgressDispatcher::new();
+    let client = || McpClient {
+        info: client_info(),
+        progress: progress.clone(),
+    };
     let started = async {
         let service = match config {
             McpServerConfig::Stdio {
@@ -87,7 +122,7 @@ pub(super) async fn connect(
                     .kill_on_drop(true);
                 let transport = TokioChildProcess::new(child)
                     .map_err(|e| setup_error(format!("cannot start `{command}`: {e}")))?;
-                client_info()
+                client()
                     .serve(transport)
                     .await
                     .map_err(|e| setup_error(format!("initialize failed: {e}")))?
@@ -108,7 +143,7 @@ pub(super) async fn connect(
                     StreamableHttpClientTransportConfig::with_uri(url.as_str())
                         .custom_headers(custom),
                 );
-                client_info()
+                client()
                     .serve(transport)
                     .await
                     .map_err(|e| setup_error(format!("initialize failed at {url}: {e}")))?
@@ -127,6 +162,7 @@ pub(super) async fn connect(
     let server = McpServer {
         id: id.to_owned(),
         peer: service.peer().clone(),
+        progress,
         service: Mutex::new(Some(service)),
     };
     Ok((server, tools))
@@ -152,27 +188,55 @@ impl McpServer {
     /// Sends `tools/call`. rmcp's `Peer::call_tool` holds a drop guard on the request: dropping
     /// this future before the response sends `notifications/cancelled` with the request id.
     /// The idempotency key, when given, is sent in the request's `_meta` as
-    /// `behest/idempotencyKey`.
+    /// `behest/idempotencyKey`. With a progress sink the `_meta` also carries a
+    /// `progressToken` (`behest-<n>`), and the server's `notifications/progress` for it are
+    /// reported to the sink until the response.
     pub(super) async fn call(
         &self,
         tool: &str,
         arguments: JsonObject,
         idempotency_key: Option<&str>,
+        progress: Option<&ProgressSink>,
     ) -> Result<Value, ToolError> {
         let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let mut meta = JsonObject::new();
         if let Some(key) = idempotency_key {
-            let mut meta = JsonObject::new();
             meta.insert(
                 "behest/idempotencyKey".to_owned(),
                 Value::String(key.to_owned()),
             );
+        }
+        let subscriber = match progress {
+            Some(_) => {
+                let token = format!(
+                    "behest-{}",
+                    NEXT_PROGRESS_TOKEN.fetch_add(1, Ordering::Relaxed)
+                );
+                meta.insert("progressToken".to_owned(), Value::String(token.clone()));
+                let token = ProgressToken(NumberOrString::String(token.into()));
+                Some(self.progress.subscribe(token).await)
+            }
+            None => None,
+        };
+        if !meta.is_empty() {
             params.meta = Some(meta.into());
         }
-        let result = self
-            .peer
-            .call_tool(params)
-            .await
-            .map_err(|e| ToolError::Failed(format!("MCP server `{}`: {e}", self.id)))?;
+        let call = self.peer.call_tool(params);
+        let result = match (subscriber, progress) {
+            (Some(mut updates), Some(sink)) => {
+                tokio::pin!(call);
+                loop {
+                    tokio::select! {
+                        result = &mut call => break result,
+                        Some(update) = updates.next() => {
+                            sink.report(update.progress, update.total, update.message);
+                        }
+                    }
+                }
+            }
+            _ => call.await,
+        }
+        .map_err(|e| ToolError::Failed(format!("MCP server `{}`: {e}", self.id)))?;
         tool_result(result)
     }
 
