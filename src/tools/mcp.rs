@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -11,10 +10,11 @@ use futures::StreamExt as _;
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
-    Implementation, JsonObject, NumberOrString, ProgressNotificationParam, ProgressToken, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, ContentBlock, Implementation, JsonObject,
+    ProgressNotificationParam, RequestId, ServerResult, Tool,
 };
-use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, ServiceExt as _};
@@ -60,8 +60,24 @@ impl ClientHandler for McpClient {
     }
 }
 
-/// The progress tokens of this process's calls: `behest-<n>`, unique per session.
-static NEXT_PROGRESS_TOKEN: AtomicU64 = AtomicU64::new(1);
+/// Sends `notifications/cancelled` for a request when dropped armed: a call abandoned before its
+/// response (a timeout, a cancelled run), as rmcp's own `call_tool` does.
+struct CancelOnDrop(Option<(Peer<RoleClient>, RequestId)>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some((peer, id)) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let reason = "request abandoned by the caller".to_owned();
+            runtime.spawn(async move {
+                let _ = peer
+                    .notify_cancelled(CancelledNotificationParam::new(Some(id), Some(reason)))
+                    .await;
+            });
+        }
+    }
+}
 
 impl std::fmt::Debug for McpServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -188,9 +204,9 @@ impl McpServer {
     /// Sends `tools/call`. rmcp's `Peer::call_tool` holds a drop guard on the request: dropping
     /// this future before the response sends `notifications/cancelled` with the request id.
     /// The idempotency key, when given, is sent in the request's `_meta` as
-    /// `behest/idempotencyKey`. With a progress sink the `_meta` also carries a
-    /// `progressToken` (`behest-<n>`), and the server's `notifications/progress` for it are
-    /// reported to the sink until the response.
+    /// `behest/idempotencyKey`. With a progress sink, the server's `notifications/progress`
+    /// for the request's `progressToken` (rmcp gives every request one) are reported to the
+    /// sink until the response.
     pub(super) async fn call(
         &self,
         tool: &str,
@@ -199,45 +215,53 @@ impl McpServer {
         progress: Option<&ProgressSink>,
     ) -> Result<Value, ToolError> {
         let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        let mut meta = JsonObject::new();
         if let Some(key) = idempotency_key {
+            let mut meta = JsonObject::new();
             meta.insert(
                 "behest/idempotencyKey".to_owned(),
                 Value::String(key.to_owned()),
             );
-        }
-        let subscriber = match progress {
-            Some(_) => {
-                let token = format!(
-                    "behest-{}",
-                    NEXT_PROGRESS_TOKEN.fetch_add(1, Ordering::Relaxed)
-                );
-                meta.insert("progressToken".to_owned(), Value::String(token.clone()));
-                let token = ProgressToken(NumberOrString::String(token.into()));
-                Some(self.progress.subscribe(token).await)
-            }
-            None => None,
-        };
-        if !meta.is_empty() {
             params.meta = Some(meta.into());
         }
-        let call = self.peer.call_tool(params);
-        let result = match (subscriber, progress) {
-            (Some(mut updates), Some(sink)) => {
-                tokio::pin!(call);
-                loop {
-                    tokio::select! {
-                        result = &mut call => break result,
-                        Some(update) = updates.next() => {
-                            sink.report(update.progress, update.total, update.message);
-                        }
-                    }
+        let failed =
+            |e: rmcp::ServiceError| ToolError::Failed(format!("MCP server `{}`: {e}", self.id));
+        let Some(sink) = progress else {
+            return tool_result(self.peer.call_tool(params).await.map_err(failed)?);
+        };
+        // `call_tool` sets a progress token of its own that it does not tell: send the request
+        // as it does, with a handle that names the token, and subscribe to it before the server
+        // can have answered (the request is only queued when the handle returns).
+        let handle = self
+            .peer
+            .send_request_with_option(
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                PeerRequestOptions::no_options(),
+            )
+            .await
+            .map_err(failed)?;
+        let mut updates = self.progress.subscribe(handle.progress_token.clone()).await;
+        let mut guard = CancelOnDrop(Some((self.peer.clone(), handle.id.clone())));
+        let response = handle.await_response();
+        tokio::pin!(response);
+        let result = loop {
+            tokio::select! {
+                result = &mut response => break result,
+                Some(update) = updates.next() => {
+                    sink.report(update.progress, update.total, update.message);
                 }
             }
-            _ => call.await,
+        };
+        guard.0 = None;
+        match result.map_err(failed)? {
+            ServerResult::CallToolResult(result) => tool_result(result),
+            // A result without `content` (rmcp decodes it as another variant).
+            ServerResult::EmptyResult(_) => tool_result(CallToolResult::success(Vec::new())),
+            other => Err(ToolError::Failed(format!(
+                "MCP server `{}`: unexpected answer to tools/call: {}",
+                self.id,
+                serde_json::to_string(&other).unwrap_or_default()
+            ))),
         }
-        .map_err(|e| ToolError::Failed(format!("MCP server `{}`: {e}", self.id)))?;
-        tool_result(result)
     }
 
     /// Closes the session; for stdio, the MCP shutdown sequence (close stdin, SIGTERM, kill).
