@@ -495,7 +495,7 @@ impl ToolRegistry {
                     .await
             }
             Backend::Http(http) => http.call(arguments, idempotency_key, progress).await,
-            Backend::Builtin(tool) => tool.call(arguments),
+            Backend::Builtin(tool) => tool.call(arguments, progress).await,
         }
     }
 

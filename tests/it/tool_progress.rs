@@ -316,7 +316,57 @@ async fn http_tools_stream_progress_and_the_same_result(backend: Backend) {
     server.stop().await;
 }
 
+/// The built-in `wait` reports progress with the built-in model: what the README shows.
+async fn the_built_in_wait_reports_progress(backend: Backend) {
+    let config = behest::config::Config::from_toml(
+        "builtin_tools = [\"wait\"]\n\
+         [runtime]\ntool_progress_interval_ms = 50\n\
+         [providers.demo]\nkind = \"scripted\"\ntoken_delay_ms = 1\n\
+         [providers.demo.models.demo]\ncontext_window = 32768\nmax_output_tokens = 4096\n",
+    )
+    .unwrap();
+    let Some(server) = TestServer::start(backend, config).await else {
+        return;
+    };
+    let run = server
+        .create_run(json!({
+            "provider": "demo", "model": "demo",
+            "input": "call wait {\"ms\": 600, \"steps\": 4}"
+        }))
+        .await;
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let frames = server.events(&run_id, None).await;
+    assert_eq!(frames.last().unwrap().event, "run_completed");
+    let call = frames
+        .iter()
+        .find(|f| f.event == "tool_execution_started")
+        .unwrap()
+        .json()["call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let steps: Vec<(f64, String)> = progress_of(&frames, &call)
+        .iter()
+        .map(|p| {
+            (
+                p["progress"].as_f64().unwrap(),
+                p["message"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    // Steps 150 ms apart, an interval of 50 ms: each is logged, but the last may be cut by
+    // the result.
+    assert!(steps.len() >= 3, "{steps:?}");
+    assert_eq!(steps[0], (1.0, "waited 150 ms".to_owned()));
+    assert_eq!(
+        finished_of(&frames, &call)["result"],
+        json!({"Success": {"output": {"waited_ms": 600}}})
+    );
+    server.stop().await;
+}
+
 on_both_backends!(
+    the_built_in_wait_reports_progress,
     mcp_progress_reaches_a_watcher_live,
     a_chatty_tool_is_rate_limited,
     http_tools_stream_progress_and_the_same_result,
