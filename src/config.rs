@@ -182,6 +182,10 @@ pub struct RuntimeConfig {
     /// Largest tool result kept for the model, in bytes (serialized JSON); larger results are
     /// cut on a UTF-8 boundary with a marker; default 65536.
     pub max_tool_output_bytes: usize,
+    /// Least time between two `tool_progress` events of one tool call, in ms: a tool that
+    /// reports progress faster has its updates coalesced (the latest wins); 0 logs every update
+    /// the log keeps up with; default 250.
+    pub tool_progress_interval_ms: u64,
     /// Doom-loop detection.
     pub doom_loop: DoomLoopConfig,
     /// What happens to a run left non-terminal by a process that died (crash, `kill -9`,
@@ -335,6 +339,7 @@ impl Default for RuntimeConfig {
             tool_concurrency: 8,
             tool_timeout_ms: 60_000,
             max_tool_output_bytes: 65_536,
+            tool_progress_interval_ms: 250,
             doom_loop: DoomLoopConfig::default(),
             recovery: Recovery::Resume,
             lease_ttl_ms: 6_000,

@@ -2,7 +2,12 @@
 //! `{"sum": a + b}`, `echo` {text} → the text, `fail` {} → an `isError` result, `sleep` {ms} →
 //! "slept" after `ms` milliseconds, and, only when `BEHEST_MCP_FIXTURE_ENV_TOOL` is set in its
 //! environment, `env` {} → structured `{"vars": {NAME: value, …}}`, its whole environment (the
-//! isolation test reads it). `tools/list` answers in two pages (exercises pagination).
+//! isolation test reads it), and, only when `BEHEST_MCP_FIXTURE_PROGRESS_TOOL` is set,
+//! `progress` {steps, interval_ms} → sends `steps`
+//! `notifications/progress` (progress 1…steps of total steps, message `step <i>`) to the call's
+//! `progressToken`, `interval_ms` apart, then — when `BEHEST_MCP_FIXTURE_GATE` names a file —
+//! waits until that file exists, and returns `"done after <steps> steps"`. `tools/list`
+//! answers in two pages (exercises pagination).
 //! When `BEHEST_MCP_FIXTURE_LOG` names a file, it appends `called <tool>` for every call and
 //! `key <tool> <key>` for a call whose `_meta` carries `behest/idempotencyKey`, and
 //! `cancelled <request id>` when a `sleep` is stopped by `notifications/cancelled`; the binary
@@ -15,7 +20,8 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler, ServiceExt as _};
@@ -90,6 +96,20 @@ fn page(cursor: Option<&str>) -> ListToolsResult {
             })),
         ),
     ];
+    if std::env::var_os("BEHEST_MCP_FIXTURE_PROGRESS_TOOL").is_some() {
+        tools.push(Tool::new(
+            "progress",
+            "Reports `steps` progress notifications `interval_ms` apart, then returns.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "steps": {"type": "integer", "minimum": 0},
+                    "interval_ms": {"type": "integer", "minimum": 0}
+                },
+                "required": ["steps"]
+            })),
+        ));
+    }
     if std::env::var_os("BEHEST_MCP_FIXTURE_ENV_TOOL").is_some() {
         tools.push(Tool::new(
             "env",
@@ -170,6 +190,42 @@ impl ServerHandler for Fixture {
                     }
                 }
                 CallToolResult::success(vec![ContentBlock::text("slept")])
+            }
+            "progress" => {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "a test fixture; the schema says non-negative integers"
+                )]
+                let (steps, interval) = (
+                    number(arguments, "steps")? as u64,
+                    Duration::from_millis(number(arguments, "interval_ms").unwrap_or(0.0) as u64),
+                );
+                if let Some(token) = context.meta.get_progress_token() {
+                    for step in 1..=steps {
+                        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+                        let param = ProgressNotificationParam::new(token.clone(), step as f64)
+                            .with_total(steps as f64)
+                            .with_message(format!("step {step}"));
+                        let _ = context.peer.notify_progress(param).await;
+                        if !interval.is_zero() {
+                            tokio::time::sleep(interval).await;
+                        }
+                    }
+                }
+                if let Some(gate) = std::env::var_os("BEHEST_MCP_FIXTURE_GATE") {
+                    while !std::path::Path::new(&gate).exists() {
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                            () = context.ct.cancelled() => {
+                                return Err(ErrorData::internal_error("cancelled", None));
+                            }
+                        }
+                    }
+                }
+                CallToolResult::success(vec![ContentBlock::text(format!(
+                    "done after {steps} steps"
+                ))])
             }
             other => {
                 return Err(ErrorData::invalid_params(

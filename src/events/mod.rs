@@ -130,6 +130,10 @@ event_payloads! {
     /// The run's final answer did not match its `output_schema`: a user message with the
     /// validation errors was stored, and the model is called again (a corrective turn).
     OutputRejected(OutputRejected) = "output_rejected",
+    /// A tool reported progress while it executes (between its call's
+    /// `tool_execution_started` and `tool_execution_finished`), at most one per
+    /// `runtime.tool_progress_interval_ms` per call.
+    ToolProgress(ToolProgress) = "tool_progress",
 }
 
 impl EventPayload {
@@ -464,6 +468,27 @@ pub struct ContextCompactionStarted {
     pub provider: String,
     /// The summariser's model (the compaction model, else the run's).
     pub model: String,
+}
+
+/// `tool_progress`: what an executing tool said of its progress (MCP `notifications/progress`,
+/// an HTTP tool's streamed `progress` events or lines), passed through as the tool said it: not
+/// necessarily increasing, `total` may change. Comes between the call's
+/// `tool_execution_started` and `tool_execution_finished`, at most one per call per
+/// `runtime.tool_progress_interval_ms` (default 250 ms): a tool that reports faster has its
+/// updates coalesced, the latest one wins, and the update pending when the execution finishes
+/// is dropped (the result says the rest). Changes nothing of the call's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolProgress {
+    /// The call being executed.
+    pub call_id: String,
+    /// Progress so far, in the tool's own unit (items, bytes, percent…); a finite number.
+    pub progress: f64,
+    /// The total in the same unit, when the tool knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+    /// What the tool is doing, readable by a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ struct Kind {
 
 /// The stored codes. Part of the storage format (and of migration 0006's SQL): append only,
 /// never renumber or change a row.
-const KINDS: [Kind; 25] = [
+const KINDS: [Kind; 26] = [
     kind(1, "run_started", "session_id"),
     kind(2, "context_built", "message_count"),
     kind(3, "model_started", "provider"),
@@ -51,6 +51,7 @@ const KINDS: [Kind; 25] = [
     kind(23, "context_compacted", "compaction_id"),
     kind(24, "context_compaction_started", "trigger"),
     kind(25, "output_rejected", "message_id"),
+    kind(26, "tool_progress", "call_id"),
 ];
 
 const fn kind(code: i16, tag: &'static str, first_field: &'static str) -> Kind {

@@ -21,6 +21,7 @@ mod signals;
 mod structured;
 pub mod tokens;
 mod tool_exec;
+mod tool_progress;
 pub mod trail;
 mod watch;
 

@@ -17,9 +17,10 @@ use crate::events::{
 };
 use crate::store::RunChange;
 use crate::telemetry;
-use crate::tools::ToolError;
+use crate::tools::{ProgressSink, ToolError};
 
 use super::event_log::LogError;
+use super::tool_progress::with_progress;
 
 /// The result text of a call that was left open when the server stopped (crash or shutdown).
 pub(super) const INTERRUPTED: &str =
@@ -184,10 +185,14 @@ async fn run_tool(
         let timeout_ms = record.tool_timeout_ms.unwrap_or(config.tool_timeout_ms);
         let timeout = Duration::from_millis(timeout_ms);
         let key = crate::tools::idempotency_key(record.id, &call.id);
-        let execution = runtime
-            .tools()
-            .call_keyed(&call.name, &call.arguments, Some(&key));
-        match tokio::time::timeout(timeout, execution).await {
+        let (sink, updates) = ProgressSink::channel();
+        let execution =
+            runtime
+                .tools()
+                .call_reporting(&call.name, &call.arguments, Some(&key), Some(&sink));
+        let interval = Duration::from_millis(config.tool_progress_interval_ms);
+        let execution = tokio::time::timeout(timeout, execution);
+        match with_progress(emitter, &call.id, interval, updates, execution).await? {
             Ok(result) => result.map_err(|error| {
                 let error_type = match &error {
                     ToolError::UnknownTool(_) => "tool_not_found",

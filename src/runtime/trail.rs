@@ -666,6 +666,17 @@ impl RunTrail {
                     }),
                 }
             }
+            EventPayload::ToolProgress(progress) => {
+                if !self
+                    .open_executions()
+                    .any(|execution| execution.call_id == progress.call_id)
+                {
+                    return Err(format!(
+                        "reports progress of call `{}`, whose execution is not open",
+                        progress.call_id
+                    ));
+                }
+            }
             EventPayload::ToolMessageCommitted(committed) => {
                 let call = self.committed()?;
                 if call.turn.tool_messages.len() >= call.completed_count() {

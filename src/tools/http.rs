@@ -1,14 +1,55 @@
 //! HTTP tools: the arguments are POSTed as a JSON body to the configured URL with the
 //! configured headers; a 2xx response body is the result (JSON, or the text as a JSON string).
+//! A tool that reports progress streams its answer instead: `text/event-stream` (`progress`
+//! events, then one `result` or `error` event) or `application/x-ndjson` (`{"progress": …}`
+//! lines, then one `{"result": …}` or `{"error": "…"}` line).
 
+use eventsource_stream::Eventsource as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use tokio_util::codec::{FramedRead, LinesCodec};
+use tokio_util::io::StreamReader;
 
-use super::{ToolError, ToolSetupError};
+use super::{ProgressSink, ToolError, ToolSetupError};
 use crate::config::HttpToolConfig;
 
 /// Bytes of an error response body quoted in [`ToolError::Failed`].
 const BODY_EXCERPT_BYTES: usize = 200;
+/// Bytes of one NDJSON line of a streamed answer at most.
+const MAX_LINE_BYTES: usize = 16 << 20;
 
+/// A progress report in a streamed answer (an SSE `progress` event's data, an NDJSON line).
+#[derive(Debug, Deserialize)]
+struct ProgressReport {
+    progress: f64,
+    #[serde(default)]
+    total: Option<f64>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+/// One NDJSON line of a streamed answer: progress, the result, or the error.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Line {
+    Result { result: serde_json::Value },
+    Error { error: String },
+    Progress(ProgressReport),
+}
+
+/// How the response body is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// `application/json`, `+json` or no content type: JSON, else text.
+    Json,
+    /// `text/event-stream`: progress events, then the result.
+    EventStream,
+    /// `application/x-ndjson` (or `application/jsonl`): progress lines, then the result.
+    Ndjson,
+    /// Anything else: the text.
+    Text,
+}
 /// One configured HTTP tool, ready to call.
 #[derive(Debug, Clone)]
 pub(super) struct HttpTool {
@@ -54,11 +95,12 @@ impl HttpTool {
     }
 
     /// POSTs `arguments`, with `Idempotency-Key` when given; dropping the future aborts the
-    /// request.
+    /// request. A streamed answer's progress goes to `progress` (when given).
     pub(super) async fn call(
         &self,
         arguments: &serde_json::Value,
         idempotency_key: Option<&str>,
+        progress: Option<&ProgressSink>,
     ) -> Result<serde_json::Value, ToolError> {
         let mut request = self
             .client
@@ -73,11 +115,19 @@ impl HttpTool {
             .await
             .map_err(|e| self.failed(&format!("request failed: {e}")))?;
         let status = response.status();
-        let json_body = response
+        let body = response
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_none_or(is_json_media_type);
+            .map_or(Body::Json, body_kind);
+        if status.is_success() {
+            match body {
+                Body::EventStream => return self.read_event_stream(response, progress).await,
+                Body::Ndjson => return self.read_ndjson(response, progress).await,
+                Body::Json | Body::Text => {}
+            }
+        }
+        let json_body = body == Body::Json;
         let body = response
             .bytes()
             .await
@@ -94,8 +144,98 @@ impl HttpTool {
         ))
     }
 
+    /// A `text/event-stream` answer: `progress` events (data `{"progress": number, "total"?:
+    /// number, "message"?: string}`) reported, until a `result` event (its data: JSON, else the
+    /// text as a JSON string) or an `error` event (its data is the failure's text). Other
+    /// events are ignored; a stream that ends without either is a failure.
+    async fn read_event_stream(
+        &self,
+        response: reqwest::Response,
+        progress: Option<&ProgressSink>,
+    ) -> Result<serde_json::Value, ToolError> {
+        let mut events = response.bytes_stream().eventsource();
+        while let Some(event) = events.next().await {
+            let event =
+                event.map_err(|e| self.failed(&format!("reading the stream failed: {e}")))?;
+            match event.event.as_str() {
+                "progress" => self.progress(&event.data, progress)?,
+                "result" => {
+                    return Ok(serde_json::from_str(&event.data)
+                        .unwrap_or(serde_json::Value::String(event.data)));
+                }
+                "error" => return Err(self.failed(&excerpt(event.data.trim()))),
+                _ => {}
+            }
+        }
+        Err(self.failed("the event stream ended without a `result` event"))
+    }
+
+    /// An `application/x-ndjson` answer: `{"progress": …}` lines reported until a
+    /// `{"result": …}` or `{"error": "…"}` line; blank lines are skipped, any other line is a
+    /// failure, and so is a stream that ends without a result.
+    async fn read_ndjson(
+        &self,
+        response: reqwest::Response,
+        progress: Option<&ProgressSink>,
+    ) -> Result<serde_json::Value, ToolError> {
+        let reader = StreamReader::new(response.bytes_stream().map_err(std::io::Error::other));
+        let mut lines = FramedRead::new(reader, LinesCodec::new_with_max_length(MAX_LINE_BYTES));
+        while let Some(line) = lines.next().await {
+            let line = line.map_err(|e| self.failed(&format!("reading the stream failed: {e}")))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<Line>(&line) {
+                Ok(Line::Result { result }) => return Ok(result),
+                Ok(Line::Error { error }) => return Err(self.failed(&excerpt(error.trim()))),
+                Ok(Line::Progress(report)) => {
+                    if let Some(sink) = progress {
+                        sink.report(report.progress, report.total, report.message);
+                    }
+                }
+                Err(e) => {
+                    return Err(self.failed(&format!(
+                        "a line of the stream is not progress, a result or an error ({e}): {}",
+                        excerpt(&line)
+                    )));
+                }
+            }
+        }
+        Err(self.failed("the stream ended without a `result` line"))
+    }
+
+    /// Reports one `progress` event's data.
+    fn progress(&self, data: &str, progress: Option<&ProgressSink>) -> Result<(), ToolError> {
+        let report: ProgressReport = serde_json::from_str(data).map_err(|e| {
+            self.failed(&format!(
+                "a `progress` event is not {{\"progress\": number, …}} ({e}): {}",
+                excerpt(data)
+            ))
+        })?;
+        if let Some(sink) = progress {
+            sink.report(report.progress, report.total, report.message);
+        }
+        Ok(())
+    }
+
     fn failed(&self, reason: &str) -> ToolError {
         ToolError::Failed(format!("HTTP tool `{}`: {reason}", self.name))
+    }
+}
+
+/// How a body of this content type is read (parameters ignored).
+fn body_kind(content_type: &str) -> Body {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match essence.as_str() {
+        "text/event-stream" => Body::EventStream,
+        "application/x-ndjson" | "application/jsonl" => Body::Ndjson,
+        _ if is_json_media_type(&essence) => Body::Json,
+        _ => Body::Text,
     }
 }
 

@@ -5,19 +5,23 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::time::Duration;
 
+use futures::StreamExt as _;
+
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::ServiceExt as _;
+use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
-    Implementation, JsonObject, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, ContentBlock, Implementation, JsonObject,
+    ProgressNotificationParam, RequestId, ServerResult, Tool,
 };
-use rmcp::service::{Peer, RoleClient, RunningService};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, ServiceExt as _};
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use super::{ToolError, ToolSetupError};
+use super::{ProgressSink, ToolError, ToolSetupError};
 use crate::config::McpServerConfig;
 
 /// How long a server may take to start, initialize and list its tools.
@@ -29,8 +33,50 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) struct McpServer {
     id: String,
     peer: Peer<RoleClient>,
+    /// Routes the server's `notifications/progress` to the call that sent their token.
+    progress: ProgressDispatcher,
     /// `None` once closed. Dropping it cancels the session, which kills a child process.
-    service: Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
+    service: Mutex<Option<RunningService<RoleClient, McpClient>>>,
+}
+
+/// Our side of a session: who we are, and where progress notifications go.
+struct McpClient {
+    info: ClientConfig,
+    progress: ProgressDispatcher,
+}
+
+impl ClientHandler for McpClient {
+    fn get_info(&self) -> ClientConfig {
+        self.info.clone()
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        // A token no call is waiting for (a late or made-up one) is dropped by the dispatcher.
+        self.progress.handle_notification(params).await;
+    }
+}
+
+/// Sends `notifications/cancelled` for a request when dropped armed: a call abandoned before its
+/// response (a timeout, a cancelled run), as rmcp's own `call_tool` does.
+struct CancelOnDrop(Option<(Peer<RoleClient>, RequestId)>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some((peer, id)) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let reason = "request abandoned by the caller".to_owned();
+            runtime.spawn(async move {
+                let _ = peer
+                    .notify_cancelled(CancelledNotificationParam::new(Some(id), Some(reason)))
+                    .await;
+            });
+        }
+    }
 }
 
 impl std::fmt::Debug for McpServer {
@@ -67,6 +113,11 @@ pub(super) async fn connect(
         server: id.to_owned(),
         reason,
     };
+    let progress = ProgressDispatcher::new();
+    let client = || McpClient {
+        info: client_info(),
+        progress: progress.clone(),
+    };
     let started = async {
         let service = match config {
             McpServerConfig::Stdio {
@@ -87,7 +138,7 @@ pub(super) async fn connect(
                     .kill_on_drop(true);
                 let transport = TokioChildProcess::new(child)
                     .map_err(|e| setup_error(format!("cannot start `{command}`: {e}")))?;
-                client_info()
+                client()
                     .serve(transport)
                     .await
                     .map_err(|e| setup_error(format!("initialize failed: {e}")))?
@@ -108,7 +159,7 @@ pub(super) async fn connect(
                     StreamableHttpClientTransportConfig::with_uri(url.as_str())
                         .custom_headers(custom),
                 );
-                client_info()
+                client()
                     .serve(transport)
                     .await
                     .map_err(|e| setup_error(format!("initialize failed at {url}: {e}")))?
@@ -127,6 +178,7 @@ pub(super) async fn connect(
     let server = McpServer {
         id: id.to_owned(),
         peer: service.peer().clone(),
+        progress,
         service: Mutex::new(Some(service)),
     };
     Ok((server, tools))
@@ -152,12 +204,15 @@ impl McpServer {
     /// Sends `tools/call`. rmcp's `Peer::call_tool` holds a drop guard on the request: dropping
     /// this future before the response sends `notifications/cancelled` with the request id.
     /// The idempotency key, when given, is sent in the request's `_meta` as
-    /// `behest/idempotencyKey`.
+    /// `behest/idempotencyKey`. With a progress sink, the server's `notifications/progress`
+    /// for the request's `progressToken` (rmcp gives every request one) are reported to the
+    /// sink until the response.
     pub(super) async fn call(
         &self,
         tool: &str,
         arguments: JsonObject,
         idempotency_key: Option<&str>,
+        progress: Option<&ProgressSink>,
     ) -> Result<Value, ToolError> {
         let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         if let Some(key) = idempotency_key {
@@ -168,12 +223,45 @@ impl McpServer {
             );
             params.meta = Some(meta.into());
         }
-        let result = self
+        let failed =
+            |e: rmcp::ServiceError| ToolError::Failed(format!("MCP server `{}`: {e}", self.id));
+        let Some(sink) = progress else {
+            return tool_result(self.peer.call_tool(params).await.map_err(failed)?);
+        };
+        // `call_tool` sets a progress token of its own that it does not tell: send the request
+        // as it does, with a handle that names the token, and subscribe to it before the server
+        // can have answered (the request is only queued when the handle returns).
+        let handle = self
             .peer
-            .call_tool(params)
+            .send_request_with_option(
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                PeerRequestOptions::no_options(),
+            )
             .await
-            .map_err(|e| ToolError::Failed(format!("MCP server `{}`: {e}", self.id)))?;
-        tool_result(result)
+            .map_err(failed)?;
+        let mut updates = self.progress.subscribe(handle.progress_token.clone()).await;
+        let mut guard = CancelOnDrop(Some((self.peer.clone(), handle.id.clone())));
+        let response = handle.await_response();
+        tokio::pin!(response);
+        let result = loop {
+            tokio::select! {
+                result = &mut response => break result,
+                Some(update) = updates.next() => {
+                    sink.report(update.progress, update.total, update.message);
+                }
+            }
+        };
+        guard.0 = None;
+        match result.map_err(failed)? {
+            ServerResult::CallToolResult(result) => tool_result(result),
+            // A result without `content` (rmcp decodes it as another variant).
+            ServerResult::EmptyResult(_) => tool_result(CallToolResult::success(Vec::new())),
+            other => Err(ToolError::Failed(format!(
+                "MCP server `{}`: unexpected answer to tools/call: {}",
+                self.id,
+                serde_json::to_string(&other).unwrap_or_default()
+            ))),
+        }
     }
 
     /// Closes the session; for stdio, the MCP shutdown sequence (close stdin, SIGTERM, kill).

@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use serde::Serialize;
+use tokio::sync::watch;
 use utoipa::ToSchema;
 
 use crate::config::{HttpToolConfig, McpServerConfig};
@@ -86,6 +87,59 @@ pub enum ToolError {
     /// The tool ran and reported an error (MCP `isError`, an HTTP error status, …).
     #[error("{0}")]
     Failed(String),
+}
+
+/// One progress report of an executing tool (MCP `notifications/progress`, an HTTP tool's
+/// streamed `progress` event or line): `progress` and `total` in the tool's own unit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolProgressUpdate {
+    /// Progress so far; always finite.
+    pub progress: f64,
+    /// The total, when known; always finite.
+    pub total: Option<f64>,
+    /// What the tool is doing, at most [`MAX_PROGRESS_MESSAGE_BYTES`] bytes.
+    pub message: Option<String>,
+}
+
+/// Bytes of a progress message kept (cut on a UTF-8 boundary).
+pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 1024;
+
+/// Where an executing tool reports progress: a `watch` channel, so the latest report replaces
+/// one the reader has not taken yet (the reader rate-limits; the tool never waits on it).
+#[derive(Debug)]
+pub struct ProgressSink(watch::Sender<Option<ToolProgressUpdate>>);
+
+impl ProgressSink {
+    /// A sink and the receiver the runtime reads the latest report from (`None` before the
+    /// first).
+    #[must_use]
+    pub fn channel() -> (Self, watch::Receiver<Option<ToolProgressUpdate>>) {
+        let (sender, receiver) = watch::channel(None);
+        (Self(sender), receiver)
+    }
+
+    /// Reports progress. A non-finite `progress` (NaN, ±∞: not JSON) is ignored, a non-finite
+    /// `total` dropped, a longer message cut to [`MAX_PROGRESS_MESSAGE_BYTES`].
+    pub fn report(&self, progress: f64, total: Option<f64>, message: Option<String>) {
+        if !progress.is_finite() {
+            return;
+        }
+        let message = message.map(|mut text| {
+            if text.len() > MAX_PROGRESS_MESSAGE_BYTES {
+                let mut cut = MAX_PROGRESS_MESSAGE_BYTES;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+            }
+            text
+        });
+        self.0.send_replace(Some(ToolProgressUpdate {
+            progress,
+            total: total.filter(|total| total.is_finite()),
+            message,
+        }));
+    }
 }
 
 /// Why the registry could not be built at startup.
@@ -404,6 +458,25 @@ impl ToolRegistry {
         arguments: &serde_json::Value,
         idempotency_key: Option<&str>,
     ) -> Result<serde_json::Value, ToolError> {
+        self.call_reporting(name, arguments, idempotency_key, None)
+            .await
+    }
+
+    /// [`Self::call_keyed`] with a sink for the tool's progress reports: an MCP call carries a
+    /// `progressToken` in its `_meta` and the server's `notifications/progress` for it go to
+    /// `progress`; an HTTP tool that answers `text/event-stream` or `application/x-ndjson`
+    /// reports through its `progress` events or lines (see `tools/http.rs`). The result is the
+    /// same as without a sink.
+    ///
+    /// # Errors
+    /// As [`Self::call`].
+    pub async fn call_reporting(
+        &self,
+        name: &str,
+        arguments: &serde_json::Value,
+        idempotency_key: Option<&str>,
+        progress: Option<&ProgressSink>,
+    ) -> Result<serde_json::Value, ToolError> {
         let tool = self
             .tools
             .get(name)
@@ -417,10 +490,12 @@ impl ToolRegistry {
                         reason: "arguments must be a JSON object".to_owned(),
                     });
                 };
-                server.call(name, arguments.clone(), idempotency_key).await
+                server
+                    .call(name, arguments.clone(), idempotency_key, progress)
+                    .await
             }
-            Backend::Http(http) => http.call(arguments, idempotency_key).await,
-            Backend::Builtin(tool) => tool.call(arguments),
+            Backend::Http(http) => http.call(arguments, idempotency_key, progress).await,
+            Backend::Builtin(tool) => tool.call(arguments, progress).await,
         }
     }
 

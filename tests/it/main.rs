@@ -88,4 +88,6 @@ mod structured_output;
 #[cfg(test)]
 mod tool_loop;
 #[cfg(test)]
+mod tool_progress;
+#[cfg(test)]
 mod tools;

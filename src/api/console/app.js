@@ -14,6 +14,7 @@ const EVENT_TYPES = [
   'tool_message_committed', 'usage_recorded', 'cache_metrics', 'run_completed', 'run_failed',
   'run_cancelled', 'doom_loop_detected', 'context_compacted', 'compaction_circuit_opened',
   'run_resumed', 'tool_calls_required', 'context_compaction_started', 'output_rejected',
+  'tool_progress',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -496,6 +497,16 @@ function apply(current, transcript, event) {
       card.result.textContent = result.Success
         ? '→ ' + json(result.Success.output) + ' (' + event.duration_ms + ' ms)'
         : '→ failed: ' + ((result.Failure && result.Failure.error) || 'unknown error');
+      break;
+    }
+    case 'tool_progress': {
+      // The latest report replaces the one before, until the result does.
+      const card = current.tools.get(event.call_id);
+      if (card) {
+        const of = event.total != null ? ' / ' + event.total : '';
+        card.result.textContent = '… ' + event.progress + of
+          + (event.message ? ' — ' + event.message : '');
+      }
       break;
     }
     case 'usage_recorded': {

@@ -562,6 +562,21 @@ impl Projection for AgUi {
                     self.push(&mut out, finished);
                 }
             }
+            EventPayload::ToolProgress(progress) => {
+                let id = self.calls.id(&self.run, self.iteration, &progress.call_id);
+                self.push(
+                    &mut out,
+                    AgUiEvent::Custom {
+                        name: format!("behest.{}", event.payload.event_type()),
+                        value: json!({
+                            "toolCallId": id,
+                            "progress": progress.progress,
+                            "total": progress.total,
+                            "message": progress.message,
+                        }),
+                    },
+                );
+            }
             EventPayload::CacheMetrics(_)
             | EventPayload::ModelRetrying(_)
             | EventPayload::ContextCompactionStarted(_)

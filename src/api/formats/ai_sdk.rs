@@ -319,6 +319,21 @@ impl Projection for AiSdk {
                     json!({"type": "finish"})
                 });
             }
+            // Not transient, with the call's id: each report replaces the last one in the
+            // message, so a client shows the latest progress beside its tool part.
+            EventPayload::ToolProgress(progress) => {
+                let id = self.calls.id(&self.run, self.iteration, &progress.call_id);
+                out.push(json!({
+                    "type": format!("data-behest-{}", event.payload.event_type().replace('_', "-")),
+                    "id": id,
+                    "data": {
+                        "toolCallId": id,
+                        "progress": progress.progress,
+                        "total": progress.total,
+                        "message": progress.message,
+                    },
+                }));
+            }
             EventPayload::CacheMetrics(_)
             | EventPayload::ModelRetrying(_)
             | EventPayload::ContextCompactionStarted(_)

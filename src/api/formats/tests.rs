@@ -16,8 +16,8 @@ use crate::domain::{
 use crate::events::{
     ContextBuilt, MessageCommitted, ModelStarted, ReasoningDelta, RunCompleted, RunResumed,
     RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta, ToolCallStarted,
-    ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure, ToolSuccess,
-    UsageRecorded,
+    ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure, ToolProgress,
+    ToolSuccess, UsageRecorded,
 };
 
 struct Log {
@@ -116,6 +116,23 @@ impl Log {
         self.answered(id, name, result);
     }
 
+    /// An execution that reports progress twice before its result.
+    fn execute_reporting(&mut self, id: &str, name: &str, result: ToolExecutionResult) {
+        self.push(EventPayload::ToolExecutionStarted(ToolExecutionStarted {
+            call_id: id.to_owned(),
+            tool_name: name.to_owned(),
+        }));
+        for (progress, message) in [(1.0, None), (2.0, Some("almost".to_owned()))] {
+            self.push(EventPayload::ToolProgress(ToolProgress {
+                call_id: id.to_owned(),
+                progress,
+                total: Some(3.0),
+                message,
+            }));
+        }
+        self.answered(id, name, result);
+    }
+
     fn answered(&mut self, id: &str, name: &str, result: ToolExecutionResult) {
         self.push(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
             call_id: id.to_owned(),
@@ -165,7 +182,7 @@ fn server_tool_run() -> Log {
     log.text("check.");
     log.call("call_1", "get_time", &["{\"tz\":", "\"UTC\"}"]);
     log.end_call();
-    log.execute("call_1", "get_time", ok(json!("12:00")));
+    log.execute_reporting("call_1", "get_time", ok(json!("12:00")));
     log.push(EventPayload::ContextBuilt(ContextBuilt {
         message_count: 3,
     }));
@@ -488,6 +505,41 @@ fn the_ai_sdk_stream_of_a_server_tool_run() {
     assert!(
         ids.contains(&"5.1") && ids.contains(&"5.2") && ids.contains(&"5"),
         "{ids:?}"
+    );
+}
+
+#[test]
+fn tool_progress_is_a_data_part_per_call_and_an_ag_ui_custom_event() {
+    let log = server_tool_run();
+    let id = tool_call_id(log.run.run_id, 1, "call_1");
+    for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
+        let frames = render(AiSdk::new(log.run.clone(), dialect), &log, None);
+        let parts: Vec<Value> = frames
+            .iter()
+            .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+            .filter(|chunk| chunk["type"] == "data-behest-tool-progress")
+            .collect();
+        // The same id: the second replaces the first in the client's message.
+        assert_eq!(
+            parts,
+            [
+                json!({"type": "data-behest-tool-progress", "id": id,
+                       "data": {"toolCallId": id, "progress": 1.0, "total": 3.0, "message": null}}),
+                json!({"type": "data-behest-tool-progress", "id": id,
+                       "data": {"toolCallId": id, "progress": 2.0, "total": 3.0, "message": "almost"}}),
+            ]
+        );
+    }
+    let frames = render(AgUi::new(log.run.clone()), &log, None);
+    let custom: Vec<Value> = frames
+        .iter()
+        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+        .filter(|event| event["type"] == "CUSTOM" && event["name"] == "behest.tool_progress")
+        .collect();
+    assert_eq!(custom.len(), 2, "{frames:?}");
+    assert_eq!(
+        custom[1]["value"],
+        json!({"toolCallId": id, "progress": 2.0, "total": 3.0, "message": "almost"})
     );
 }
 

@@ -20,7 +20,7 @@ use crate::events::{
     ContextCompactionStarted, DoomLoopDetected, EventFeed, MessageCommitted, ModelRetrying,
     ModelStarted, ReasoningDelta, RunResumed, RunStarted, TextDelta, ToolCallCompleted,
     ToolCallDelta, ToolCallStarted, ToolExecutionFinished, ToolExecutionStarted, ToolFailure,
-    ToolSuccess, UsageRecorded,
+    ToolProgress, ToolSuccess, UsageRecorded,
 };
 use crate::runtime::{EventLog, TraceContext};
 use crate::store::{NewRun, RunChange};
@@ -432,6 +432,14 @@ impl Script<'_> {
             call_id: id.to_owned(),
             tool_name: "add".to_owned(),
         }));
+        if self.one_in(2) {
+            self.emit(EventPayload::ToolProgress(ToolProgress {
+                call_id: id.to_owned(),
+                progress: 1.0,
+                total: Some(2.0),
+                message: None,
+            }));
+        }
     }
 
     fn finish(&mut self, id: &str, ok: bool) {

@@ -31,6 +31,7 @@ mod restart;
 mod resume;
 mod storage;
 mod throughput;
+mod tool_progress;
 mod watchers_per_core;
 
 /// The model with the default profile (or the one given on the command line).
@@ -213,6 +214,9 @@ pub enum Figure {
     LongSession,
     /// Server CPU per event in each `?format=` rendering against behest's own format.
     Formats,
+    /// Server CPU per `tool_progress` event against a `text_delta` (a behest of its own with
+    /// the built-in model and `wait` tool).
+    ToolProgress,
     /// Two replicas on one PostgreSQL: live latency across replicas, cancel on another
     /// replica, failover after a kill, database load of idle watchers, a slower database link.
     Replicas,
@@ -507,6 +511,10 @@ pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec
     if wants(Figure::Formats) {
         step("formats");
         rows.extend(formats::formats(ctx).await?);
+    }
+    if wants(Figure::ToolProgress) {
+        step("tool progress");
+        rows.extend(tool_progress::tool_progress(ctx).await?);
     }
     if wants(Figure::Resume) {
         step("resume");
