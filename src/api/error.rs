@@ -356,6 +356,10 @@ impl From<CreateRunError> for ApiError {
                 detail,
             )
             .retry_after(1),
+            CreateRunError::InputTooLarge { .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail)
+                    .field("input")
+            }
             CreateRunError::Store(error) => error.into(),
         }
     }
