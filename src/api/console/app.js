@@ -219,7 +219,7 @@ function userMessage(parent, text, parts) {
     if (part.url.startsWith('data:image/')) {
       const img = document.createElement('img');
       img.className = 'input-image';
-      img.alt = 'image (' + (part.mime_type || 'image') + ')';
+      img.alt = 'image (' + (part.media_type || part.mime_type || 'image') + ')';
       img.src = part.url;
       img.style.maxWidth = '240px';
       img.style.display = 'block';
