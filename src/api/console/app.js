@@ -544,7 +544,11 @@ function apply(current, transcript, event) {
       current.bubble = null;
       current.callText = null;
       note(transcript, 'muted', 'The answer does not match the output schema (correction '
-        + event.attempt + '): ' + event.errors);
+        + event.attempt + '): ' + (Array.isArray(event.errors)
+          ? event.errors.map(function (e) {
+            return e.instance_path ? e.instance_path + ': ' + e.message : e.message;
+          }).join('; ')
+          : event.errors));
       break;
     case 'run_failed':
       note(transcript, 'error', 'Run failed' + (event.error_class ? ' (' + event.error_class + ')' : '')
