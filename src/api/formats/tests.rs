@@ -645,9 +645,9 @@ fn the_parsed_answer_is_in_the_finish_of_every_rendering() {
     let last = |frames: &[(Option<String>, String)], kind: &str| -> Value {
         frames
             .iter()
+            .rev()
             .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
-            .filter(|chunk| chunk["type"] == kind)
-            .last()
+            .find(|chunk| chunk["type"] == kind)
             .unwrap_or(Value::Null)
     };
     for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
