@@ -55,7 +55,10 @@ impl ChatQuery {
 /// `body` keys, which are `POST /runs` fields (`agent`, `provider`, `model`, `instructions`,
 /// `tools`, `approval`, `temperature`, `metadata`, …; not `session_id` or `input`, which the
 /// chat gives).
+// Read through a map (`try_from`) rather than with `flatten`, which would hide the path of a
+// field's error: each of the chat's own fields is read by itself and its error names it.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(try_from = "Map<String, Value>")]
 #[schema(example = json!({
     "id": "Xk3q9ZpLmN0aBcDe",
     "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "What time is it?"}]}],
@@ -94,6 +97,44 @@ pub struct ChatRequest {
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub run: Map<String, Value>,
+}
+
+impl TryFrom<Map<String, Value>> for ChatRequest {
+    /// serde's message, prefixed with the field's path (`messages: invalid type: …`).
+    type Error = String;
+
+    fn try_from(mut body: Map<String, Value>) -> Result<Self, String> {
+        fn take<T: serde::de::DeserializeOwned>(
+            body: &mut Map<String, Value>,
+            key: &str,
+        ) -> Result<Option<T>, String> {
+            body.remove(key)
+                .map(|value| {
+                    serde_path_to_error::deserialize(value).map_err(|error| {
+                        let path = error.path().to_string();
+                        match path.as_str() {
+                            "." => format!("{key}: {}", error.inner()),
+                            inner if inner.starts_with('[') => {
+                                format!("{key}{inner}: {}", error.inner())
+                            }
+                            inner => format!("{key}.{inner}: {}", error.inner()),
+                        }
+                    })
+                })
+                .transpose()
+        }
+        let id = take(&mut body, "id")?.ok_or("missing field `id`")?;
+        let messages = take(&mut body, "messages")?.ok_or("missing field `messages`")?;
+        let trigger = take::<Option<String>>(&mut body, "trigger")?.flatten();
+        let message_id = take::<Option<String>>(&mut body, "messageId")?.flatten();
+        Ok(Self {
+            id,
+            messages,
+            trigger,
+            message_id,
+            run: body,
+        })
+    }
 }
 
 /// One UI message, as much of it as behest reads.
@@ -182,7 +223,8 @@ impl ClientAnswers {
 /// answers are recorded (tool outputs, then approvals, each kind all at once as
 /// `POST /runs/{run_id}/tool_outputs` and `/approvals` require; the same errors). When the
 /// client answered an earlier pause (a repeated post, the run has moved on), nothing is
-/// recorded and the continuation of that pause streams again.
+/// recorded and the continuation of that pause streams again — when the answers are those
+/// recorded; a call answered otherwise is 409 `action_conflict`.
 ///
 /// # Errors
 /// 409 `run_not_waiting` when the run neither waits for these answers nor paused for them
@@ -235,12 +277,13 @@ pub(super) async fn answer_pause(
             if !waits {
                 continue;
             }
-            match state.runtime.answer(run.id, kind, of_kind).await {
-                Ok(_) => {}
-                // A concurrent identical post answered first: stream the same continuation.
-                Err(crate::runtime::AnswerError::AlreadyAnswered(_)) => {}
-                Err(error) => return Err(actions::answer_error(error, field)),
-            }
+            // A concurrent identical post that answered first is accepted again: the same
+            // continuation streams.
+            state
+                .runtime
+                .answer(run.id, kind, of_kind)
+                .await
+                .map_err(|error| actions::answer_error(error, field))?;
         }
         return Ok(Cursor::after(pause));
     }
@@ -254,7 +297,26 @@ pub(super) async fn answer_pause(
         })
         .collect();
     match state.runtime.pause_answered(run.id, &answered).await? {
-        Some(pause) => Ok(Cursor::after(pause)),
+        Some(pause) => {
+            // A repeated post streams the continuation again — only when it repeats the
+            // answers: one that answers a call otherwise is refused, the first answer stands.
+            let mine: Vec<(&str, &ActionAnswer)> = given
+                .answers
+                .iter()
+                .filter_map(|(sent, answer)| match formats::split_tool_call_id(sent) {
+                    Some((run_id, _, call)) if run_id == run.id => Some((call, answer)),
+                    Some(_) => None,
+                    None => Some((sent.as_str(), answer)),
+                })
+                .collect();
+            if let Some(call_id) = state.runtime.conflicting_answer(run.id, &mine).await? {
+                return Err(actions::answer_error(
+                    crate::runtime::AnswerError::Conflict(call_id),
+                    field,
+                ));
+            }
+            Ok(Cursor::after(pause))
+        }
         None => Err(ApiError::new(
             StatusCode::CONFLICT,
             "run_not_waiting",
@@ -349,7 +411,7 @@ fn run_id_headers(response: &mut Response, run_id: RunId) {
                     ("x-vercel-ai-ui-message-stream" = String, description = "`v1`"))),
         (status = 400, description = "`malformed_json`; `unknown_format` (`format` is not `ai-sdk` or `ai-sdk-v7`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`: the last message is an assistant message whose id is no run of this chat", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`regenerate_unsupported` (`trigger: regenerate-message`); `session_busy` (the chat has a run in progress, `run_id`); `run_not_waiting` (the assistant message answers a run that waits for none of its answers); `tool_call_answered`; `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`regenerate_unsupported` (`trigger: regenerate-message`); `session_busy` (the chat has a run in progress, `run_id`); `run_not_waiting` (the assistant message answers a run that waits for none of its answers); `action_conflict` (answers that differ from those an earlier post recorded for the same call: `detail` names it); `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`missing_field` (`messages` empty); `invalid_field` (`id` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~` or `.`/`..`; the last message neither a user message with text nor an assistant message; `session_id` or `input` among the run fields; a run field as `POST /runs` refuses it); `unknown_tool_call`, `missing_tool_calls` (every call of a kind the run waits for is answered at once); `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),

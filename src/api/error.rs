@@ -356,6 +356,10 @@ impl From<CreateRunError> for ApiError {
                 detail,
             )
             .retry_after(1),
+            CreateRunError::InputTooLarge { .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail)
+                    .field("input")
+            }
             CreateRunError::Store(error) => error.into(),
         }
     }
@@ -363,8 +367,8 @@ impl From<CreateRunError> for ApiError {
 
 impl From<AnswerError> for ApiError {
     /// 404 `run_not_found`; 409 `run_not_waiting` (with the run's status: not, or no longer,
-    /// waiting for answers of this kind; the deadline passed), 409 `tool_call_answered` (by an
-    /// earlier request); 422 `unknown_tool_call`, `duplicate_tool_call`, `missing_tool_calls`
+    /// waiting for answers of this kind; the deadline passed), 409 `action_conflict` (a call an
+    /// earlier request answered otherwise); 422 `unknown_tool_call`, `duplicate_tool_call`, `missing_tool_calls`
     /// naming the body's list field.
     fn from(error: AnswerError) -> Self {
         let detail = error.to_string();
@@ -373,9 +377,7 @@ impl From<AnswerError> for ApiError {
             AnswerError::NotWaiting { status, .. } => {
                 Self::new(StatusCode::CONFLICT, "run_not_waiting", detail).with_status(status)
             }
-            AnswerError::AlreadyAnswered(_) => {
-                Self::new(StatusCode::CONFLICT, "tool_call_answered", detail)
-            }
+            AnswerError::Conflict(_) => Self::new(StatusCode::CONFLICT, "action_conflict", detail),
             AnswerError::UnknownCall(_) => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "unknown_tool_call",
@@ -449,13 +451,29 @@ fn body_mismatch<T: Body>(located: &str) -> ApiError {
         ))
         .field(&name);
     }
+    if let Some(at) = located.find("missing field `") {
+        // A required field absent: its path (`resume[0].interruptId`), the top-level field as
+        // `field`.
+        let name = quoted(&located[at..]).unwrap_or_default();
+        let path = match located[..at].strip_suffix(": ") {
+            Some(parent) if !parent.is_empty() && parent != "." && !parent.contains(' ') => {
+                format!("{parent}.{name}")
+            }
+            _ => name,
+        };
+        let top = path.split(['.', '[']).next().unwrap_or(&path).to_owned();
+        return invalid(format!("`{path}` is required")).field(&top);
+    }
     match located.split_once(": ") {
         Some((path, _)) if !path.is_empty() && path != "." && !path.contains(' ') => {
             let top = path.split(['.', '[']).next().unwrap_or(path);
-            let detail = match T::expectation(top) {
+            let mut detail = match T::expectation(top) {
                 Some(expectation) => format!("`{top}` {expectation}"),
                 None => format!("`{top}` has the wrong type"),
             };
+            if path != top {
+                detail.push_str(&format!(" (at `{path}`)"));
+            }
             invalid(detail).field(top)
         }
         _ => {

@@ -106,12 +106,12 @@ impl RunInput {
                         data,
                         url,
                     } => {
-                        let mime_type = media_type.clone().unwrap_or_default();
+                        let media_type = media_type.clone().unwrap_or_default();
                         let url = match (data, url) {
-                            (Some(data), _) => format!("data:{mime_type};base64,{data}"),
+                            (Some(data), _) => format!("data:{media_type};base64,{data}"),
                             (None, url) => url.clone().unwrap_or_default(),
                         };
-                        ContentPart::Image { url, mime_type }
+                        ContentPart::Image { url, media_type }
                     }
                 })
                 .collect(),

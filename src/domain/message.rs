@@ -63,8 +63,10 @@ pub enum ContentPart {
     Image {
         /// Where the image is (https or data URL).
         url: String,
-        /// Its media type, e.g. `image/png`.
-        mime_type: String,
+        /// Its media type, e.g. `image/png` — the name a run's input part uses too (rows
+        /// stored before it was renamed say `mime_type`, which is still read).
+        #[serde(alias = "mime_type")]
+        media_type: String,
     },
 }
 
@@ -186,5 +188,32 @@ impl Message {
                 _ => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_part_reads_media_type_and_the_old_mime_type() {
+        let part = ContentPart::Image {
+            url: "https://example.com/cat.png".to_owned(),
+            media_type: "image/png".to_owned(),
+        };
+        let json = serde_json::to_value(&part).ok();
+        assert_eq!(
+            json,
+            Some(
+                serde_json::json!({"type": "image", "url": "https://example.com/cat.png",
+                                    "media_type": "image/png"})
+            )
+        );
+        // A row stored before the rename.
+        let old: Option<ContentPart> = serde_json::from_value(serde_json::json!(
+            {"type": "image", "url": "https://example.com/cat.png", "mime_type": "image/png"}
+        ))
+        .ok();
+        assert_eq!(old, Some(part));
     }
 }

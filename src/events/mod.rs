@@ -337,12 +337,44 @@ pub struct RunCompleted {
 pub struct OutputRejected {
     /// The stored user message with the validation errors (role `user`).
     pub message_id: MessageId,
-    /// What did not match: not JSON, or up to 20 violations, each with its JSON pointer,
-    /// joined by `; `.
-    pub errors: String,
+    /// What did not match: one entry for an answer that is not JSON (`instance_path` `""`), or
+    /// up to 20 schema violations (a last `"and N more"` entry when there were more). Logs
+    /// written before this was a list hold one string: it is read as one entry with
+    /// `instance_path` `""`.
+    #[serde(deserialize_with = "violations")]
+    pub errors: Vec<OutputViolation>,
     /// Which corrective turn this is, from 1 (at most the server's
     /// `runtime.output_corrections`).
     pub attempt: u32,
+}
+
+/// One way a final answer did not match the run's `output_schema`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OutputViolation {
+    /// Where in the answer, as a JSON Pointer (RFC 6901; `""` is the whole answer), as the
+    /// `jsonschema` crate reports it.
+    pub instance_path: String,
+    /// What is wrong there, in words.
+    pub message: String,
+}
+
+/// `output_rejected.errors` as a list, or as the one string older logs hold.
+fn violations<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<OutputViolation>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Errors {
+        List(Vec<OutputViolation>),
+        Text(String),
+    }
+    Ok(match Errors::deserialize(deserializer)? {
+        Errors::List(list) => list,
+        Errors::Text(message) => vec![OutputViolation {
+            instance_path: String::new(),
+            message,
+        }],
+    })
 }
 
 /// `run_failed` (proto `RunFailedEvent`), terminal.
@@ -494,6 +526,37 @@ pub struct ToolProgress {
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
+
+    use super::{EventPayload, OutputViolation};
+
+    /// `output_rejected.errors` is a list of `{instance_path, message}`; a log written when it
+    /// was one string still reads (as one entry for the whole answer).
+    #[test]
+    fn output_rejected_errors_read_as_a_list_or_the_old_string() {
+        let message_id = "0190a5c2-7e6b-7cc4-9a55-1d1b7c2f0e01";
+        let old: Result<EventPayload, _> = serde_json::from_value(serde_json::json!({
+            "type": "output_rejected", "message_id": message_id,
+            "errors": "the answer is not JSON (expected value at line 1 column 1)", "attempt": 1
+        }));
+        let Ok(EventPayload::OutputRejected(old)) = old else {
+            panic!("{old:?}");
+        };
+        assert_eq!(
+            old.errors,
+            vec![OutputViolation {
+                instance_path: String::new(),
+                message: "the answer is not JSON (expected value at line 1 column 1)".to_owned(),
+            }]
+        );
+        let list = serde_json::json!({
+            "type": "output_rejected", "message_id": message_id,
+            "errors": [{"instance_path": "/days", "message": "\"x\" is not of type \"integer\""}],
+            "attempt": 1
+        });
+        let new: Result<EventPayload, _> = serde_json::from_value(list.clone());
+        let Ok(new) = new else { panic!("{new:?}") };
+        assert_eq!(serde_json::to_value(&new).ok(), Some(list));
+    }
 
     /// Event types are told apart by [`EventPayload`]'s variants: no source outside `events/`
     /// names one by its `type` tag in quotes. Left out: `provider/`, whose wire formats have

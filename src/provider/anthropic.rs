@@ -422,7 +422,7 @@ fn content_blocks(parts: &[ContentPart]) -> Vec<Value> {
             ContentPart::Text { text } if text.trim().is_empty() => None,
             ContentPart::Text { text } => Some(json!({"type": "text", "text": text})),
             ContentPart::Json { value } => Some(json!({"type": "text", "text": value.to_string()})),
-            ContentPart::Image { url, mime_type } => Some(image_block(url, mime_type)),
+            ContentPart::Image { url, media_type } => Some(image_block(url, media_type)),
         })
         .collect()
 }

@@ -453,7 +453,8 @@ pub(super) fn max_output_tokens(record: &RunRecord, model: &ModelConfig) -> u32 
 }
 
 /// The model call of one iteration: the context and tools, with the run's instructions,
-/// parameters and provider options; the output limit is the run's, else the model's.
+/// parameters and provider options; the output limit is the run's, else the model's. A
+/// `text_only` model gets the history's images as text placeholders (`images::without_images`).
 pub(super) fn model_request(
     record: &RunRecord,
     model: &ModelConfig,
@@ -463,6 +464,7 @@ pub(super) fn model_request(
     structured_output: crate::config::StructuredOutputMode,
 ) -> ModelRequest {
     let parameters = &record.parameters;
+    let messages = super::images::without_images(messages, model.text_only, &record.model);
     ModelRequest {
         model: record.model.clone(),
         messages: messages.into(),
@@ -845,9 +847,10 @@ pub enum AnswerError {
     /// Some calls of this kind were not answered (all must be answered at once).
     #[error("every pending call must be answered at once; missing: {}", .0.join(", "))]
     Missing(Vec<String>),
-    /// The call was answered by an earlier request.
-    #[error("call `{0}` was answered already")]
-    AlreadyAnswered(String),
+    /// The call was answered by an earlier request, with another answer (an identical
+    /// re-post is accepted again: it changes nothing).
+    #[error("call `{0}` was answered already, with another answer; the first answer stands")]
+    Conflict(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -858,9 +861,13 @@ impl Runtime {
     /// `client_tool` calls, or approvals for its `approval` calls (`kind`), every one of that
     /// kind at once — and wakes the run. Returns the run record as it is now.
     ///
+    /// The same answers posted again while the run still waits (a retry) change nothing and
+    /// are accepted again.
+    ///
     /// # Errors
     /// [`AnswerError`]: the run is missing, not waiting (any more) or not for answers of this
-    /// kind; a call id is unknown, repeated, already answered, or one is missing.
+    /// kind; a call id is unknown, repeated, or one is missing; a call already answered with
+    /// another answer ([`AnswerError::Conflict`]).
     pub async fn answer(
         &self,
         run_id: RunId,
@@ -965,8 +972,17 @@ impl Runtime {
                     ),
                 });
             }
-            SubmitOutcome::AlreadyAnswered(call_id) => {
-                return Err(AnswerError::AlreadyAnswered(call_id));
+            SubmitOutcome::AlreadyAnswered(_) => {
+                // A re-post (a retry, or a concurrent identical post): idempotent when it
+                // answers every call as before, else the first call answered otherwise.
+                let recorded = self.store.action_answers(run_id, action.message_id).await?;
+                if let Some(call_id) = rows.iter().find_map(|(call_id, answer)| {
+                    let before = recorded.iter().find(|(id, _)| id == call_id);
+                    (before.map(|(_, before)| before) != Some(answer)).then(|| call_id.clone())
+                }) {
+                    return Err(AnswerError::Conflict(call_id));
+                }
+                return Ok(self.store.get_run(run_id).await?.unwrap_or(record));
             }
         }
         let local = self.active().get(&run_id).map(|run| run.answered.clone());

@@ -5,7 +5,9 @@
 use chrono::Utc;
 
 use super::{CreateRunError, Runtime};
-use crate::domain::{RunId, RunRecord, RunStatus, Session, SessionDefaults, SessionId};
+use crate::domain::{
+    ActionAnswer, MessageId, RunId, RunRecord, RunStatus, Session, SessionDefaults, SessionId,
+};
 use crate::events::{AgentEvent, EventPayload};
 use crate::store::{RunFilter, StoreError};
 
@@ -101,9 +103,50 @@ impl Runtime {
         run_id: RunId,
         call_ids: &[&str],
     ) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .pauses(run_id, call_ids)
+            .await?
+            .last()
+            .map(|(sequence, _)| *sequence))
+    }
+
+    /// The first of `given` (provider call ids of run `run_id` with a client's answers) whose
+    /// call an earlier post answered with another answer of its kind (a client tool's output or
+    /// error, an approval decision; a tool result shown on an approved call is not a decision),
+    /// if any.
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn conflicting_answer(
+        &self,
+        run_id: RunId,
+        given: &[(&str, &ActionAnswer)],
+    ) -> Result<Option<String>, StoreError> {
+        let ids: Vec<&str> = given.iter().map(|(id, _)| *id).collect();
+        let mut recorded = Vec::new();
+        for (_, message_id) in self.pauses(run_id, &ids).await? {
+            recorded.extend(self.store.action_answers(run_id, message_id).await?);
+        }
+        let decision = |answer: &ActionAnswer| matches!(answer, ActionAnswer::Approval { .. });
+        Ok(given.iter().find_map(|(call_id, answer)| {
+            recorded
+                .iter()
+                .find(|(id, before)| id == call_id && decision(before) == decision(answer))
+                .filter(|(_, before)| before != *answer)
+                .map(|_| (*call_id).to_owned())
+        }))
+    }
+
+    /// The sequence and assistant message of each `tool_calls_required` of run `run_id` that
+    /// waited for one of `call_ids`, in the log's order.
+    async fn pauses(
+        &self,
+        run_id: RunId,
+        call_ids: &[&str],
+    ) -> Result<Vec<(u64, MessageId)>, StoreError> {
         const PAGE: u32 = 1000;
         let mut after = 0;
-        let mut found = None;
+        let mut found = Vec::new();
         loop {
             let page = self.store.read_events(run_id, after, PAGE).await?;
             let Some(last) = page.last() else {
@@ -121,7 +164,7 @@ impl Runtime {
                         .iter()
                         .any(|call| call_ids.contains(&call.call_id.as_str()))
                 {
-                    found = Some(logged.sequence);
+                    found.push((logged.sequence, action.message_id));
                 }
             }
         }

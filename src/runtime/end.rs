@@ -5,7 +5,8 @@
 //! configured, or a log that does not fold). A run stopped by a shutdown or taken over by
 //! another process is not ended: it stays resumable.
 //!
-//! The order, read from the run's trail once every event before is durable: (1) each tool call
+//! The order, read from the run's trail once every event before is durable: (0) a log still
+//! empty (the run ended before its first model call) gets its `run_started`; (1) each tool call
 //! the cut-off model call started and did not complete is completed, its argument text so far
 //! as `invalid_arguments`; (2) when this process made that call and it was still streaming,
 //! its estimated usage is recorded (`usage_recorded`, `estimated: true`), and likewise a
@@ -21,8 +22,9 @@ use std::time::Duration;
 use super::event_log::LogError;
 use super::model_turn::CallInFlight;
 use super::{RunEmitter, compaction, model_turn, tool_exec};
-use crate::domain::{ErrorClass, RunEnd, RunRecord};
-use crate::store::{Store, StoreError};
+use crate::domain::{ErrorClass, RunEnd, RunRecord, RunStatus};
+use crate::events::{EventPayload, RunStarted};
+use crate::store::{RunChange, Store, StoreError};
 
 /// Why a close-out stopped before its terminal event was written.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +98,24 @@ async fn close_out_as(
         // What the stopped body emitted in its last moment (e.g. the tool message of an answer
         // that raced a cancel) is durable, and in the trail, before what is open is read.
         emitter.flush().await?;
+        let trail = emitter.trail();
+        if trail.last_sequence() == 0 {
+            // A run that ends before its first model call (a request that cannot fit, a
+            // provider no longer configured, a cancel) still opens its log with `run_started`.
+            emitter
+                .emit_with(
+                    EventPayload::RunStarted(RunStarted {
+                        session_id: record.session_id,
+                        provider: record.provider.clone(),
+                        model: record.model.clone(),
+                    }),
+                    RunChange {
+                        status: Some(RunStatus::SessionLoaded),
+                        ..RunChange::default()
+                    },
+                )
+                .await?;
+        }
         let trail = emitter.trail();
         model_turn::complete_open_calls(emitter, &trail).await?;
         let cancelled = matches!(end, RunEnd::Cancelled);

@@ -3,13 +3,39 @@
 //! (a model configured `text_only = true` does not). The parts reach each wire format in its
 //! own shape through the stored user message (OpenAI-compatible `image_url` parts, Anthropic
 //! `image` blocks with a `base64` or `url` source); compaction counts an image as a fixed
-//! estimate (`runtime::tokens`).
+//! estimate (`runtime::tokens`). A session keeps working when it moves to a `text_only` model:
+//! the images of its history reach that model as a short text placeholder
+//! ([`without_images`]).
 
 use base64::Engine;
 
 use super::CreateRunError;
 use crate::config::ModelConfig;
-use crate::domain::{InputPart, MAX_IMAGE_BYTES, RunInput};
+use crate::domain::{ContentPart, InputPart, MAX_IMAGE_BYTES, Message, RunInput};
+
+/// The request's messages for a `text_only` model (`model` names it): each image part of the
+/// history is replaced by the text `[image omitted: <model> is text-only]`, so a session whose
+/// earlier runs sent images to another model goes on (the stored messages keep their images).
+/// A model that takes images gets `messages` as they are.
+pub(super) fn without_images(
+    mut messages: Vec<Message>,
+    text_only: bool,
+    model: &str,
+) -> Vec<Message> {
+    if !text_only {
+        return messages;
+    }
+    for message in &mut messages {
+        for part in &mut message.content {
+            if matches!(part, ContentPart::Image { .. }) {
+                *part = ContentPart::Text {
+                    text: format!("[image omitted: {model} is text-only]"),
+                };
+            }
+        }
+    }
+    messages
+}
 
 /// Checks the images of `input` for the run's `model` (`provider`/`model_name` for the
 /// message).

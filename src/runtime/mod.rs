@@ -117,6 +117,21 @@ pub enum CreateRunError {
     /// `[runtime] max_active_runs` runs are active in this process.
     #[error("{0} runs are active, the most this server runs at once; retry shortly")]
     TooManyActiveRuns(usize),
+    /// The input alone does not fit the model's context window less the answer's
+    /// `max_output_tokens` (estimated as compaction estimates a request): no run could send it.
+    #[error(
+        "the input (about {estimated} tokens) does not fit the context window of model `{model}`: \
+         a request may hold at most {limit} tokens (its context_window less the answer's \
+         max_output_tokens)"
+    )]
+    InputTooLarge {
+        /// The model.
+        model: String,
+        /// The input's estimated tokens.
+        estimated: u64,
+        /// The most tokens a request of the model may hold.
+        limit: u64,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),
@@ -378,6 +393,22 @@ impl Runtime {
             created_at: Utc::now(),
             lease: Some(self.lease()),
         };
+        let max_output = new_run
+            .definition
+            .parameters
+            .max_output_tokens
+            .unwrap_or(model.max_output_tokens);
+        compaction::check_input(
+            new_run.user_message(),
+            &new_run.model,
+            compaction::Window::of(model, max_output),
+        )
+        .await
+        .map_err(|too_large| CreateRunError::InputTooLarge {
+            model: new_run.model.clone(),
+            estimated: too_large.estimated,
+            limit: too_large.limit,
+        })?;
         // Registered (and its live feed opened) before the run is visible, so neither a cancel
         // nor a watcher can find it unowned.
         {

@@ -20,6 +20,7 @@ use serde_json::Value;
 use super::CreateRunError;
 use crate::config::{ProviderKind, StructuredOutputMode};
 use crate::domain::{ContentPart, Message, Role, RunRecord, RunStatus};
+use crate::events::OutputViolation;
 use crate::provider::structured::{ANTHROPIC_KEY, OPENAI_KEY, StructuredOutput};
 use crate::tools::schema::ToolSchema;
 
@@ -110,7 +111,7 @@ pub(super) enum Verdict {
     /// message to store.
     Correct {
         attempt: u32,
-        errors: String,
+        errors: Vec<OutputViolation>,
         message: String,
     },
     /// It does not, and no corrective turn is left: the run's error.
@@ -131,12 +132,31 @@ impl OutputCheck {
 
     /// Checks the final answer `text`; a `Correct` verdict counts its corrective turn.
     pub(super) fn check(&mut self, text: &str) -> Verdict {
-        let errors = match parse_answer(text) {
-            Ok(value) => match self.schema.validate(&value) {
+        let (errors, described) = match parse_answer(text) {
+            Ok(value) => match self.schema.violations(&value) {
                 Ok(()) => return Verdict::Valid(value),
-                Err(violations) => format!("the answer does not match the schema: {violations}"),
+                Err(violations) => {
+                    let errors: Vec<OutputViolation> = violations
+                        .into_iter()
+                        .map(|(instance_path, message)| OutputViolation {
+                            instance_path,
+                            message,
+                        })
+                        .collect();
+                    let described = format!(
+                        "the answer does not match the schema: {}",
+                        describe(&errors)
+                    );
+                    (errors, described)
+                }
             },
-            Err(error) => error,
+            Err(error) => (
+                vec![OutputViolation {
+                    instance_path: String::new(),
+                    message: error.clone(),
+                }],
+                error,
+            ),
         };
         if self.used >= self.allowed {
             let after = match self.used {
@@ -144,18 +164,33 @@ impl OutputCheck {
                 1 => " after 1 corrective turn".to_owned(),
                 n => format!(" after {n} corrective turns"),
             };
-            return Verdict::Fail(format!("the final answer is invalid{after}: {errors}"));
+            return Verdict::Fail(format!("the final answer is invalid{after}: {described}"));
         }
         self.used += 1;
         Verdict::Correct {
             attempt: self.used,
             message: format!(
-                "Your answer is not valid: {errors}. Answer again with only a JSON value that \
+                "Your answer is not valid: {described}. Answer again with only a JSON value that \
                  matches the requested JSON Schema."
             ),
             errors,
         }
     }
+}
+
+/// Schema violations in words, for the model and for `run_failed`: `/a: …; /b: …`.
+fn describe(errors: &[OutputViolation]) -> String {
+    errors
+        .iter()
+        .map(|e| {
+            if e.instance_path.is_empty() {
+                e.message.clone()
+            } else {
+                format!("{}: {}", e.instance_path, e.message)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The JSON value an answer's text holds: the whole text, or the inside of one Markdown code
@@ -242,7 +277,13 @@ mod tests {
                 attempt, errors, ..
             } => {
                 assert_eq!(attempt, 1);
-                assert!(errors.contains("days"), "{errors}");
+                assert_eq!(
+                    errors,
+                    vec![OutputViolation {
+                        instance_path: String::new(),
+                        message: "\"days\" is a required property".to_owned(),
+                    }]
+                );
             }
             other => panic!("{other:?}"),
         }

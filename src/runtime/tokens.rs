@@ -21,7 +21,7 @@ pub(crate) const PER_MESSAGE_OVERHEAD: u64 = 4;
 pub(crate) const REPLY_PRIMING: u64 = 3;
 /// What an image part is counted as: images are priced by size, which behest does not know;
 /// about what a 1024×1024 image costs OpenAI and Anthropic models.
-const IMAGE_TOKENS: u64 = 1_000;
+pub(crate) const IMAGE_TOKENS: u64 = 1_000;
 /// Correction of an estimate before the provider reported any usage: for a model without a
 /// public tokenizer (Claude, Llama, Qwen, Mistral, …) the `o200k_base` count is scaled by 1.2,
 /// because those vocabularies produce up to about a fifth more tokens than `o200k_base` on

@@ -88,31 +88,54 @@ impl ToolSchema {
     /// # Errors
     /// The violations, or the schema's problem, as one readable string.
     pub fn validate(&self, arguments: &Value) -> Result<(), String> {
+        self.violations(arguments).map_err(|violations| {
+            violations
+                .into_iter()
+                .map(|(path, message)| {
+                    if path.is_empty() {
+                        message
+                    } else {
+                        format!("{path}: {message}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+
+    /// Validates `value`: `Ok`, or up to [`MAX_VIOLATIONS`] violations as `(JSON pointer,
+    /// message)` (the `jsonschema` crate's instance path, `""` for the whole value), then
+    /// `("", "and N more")` when there were more; a schema that cannot be used: `("", that
+    /// reason)`.
+    ///
+    /// # Errors
+    /// The violations.
+    pub fn violations(&self, value: &Value) -> Result<(), Vec<(String, String)>> {
         let validator = match &self.0 {
             Ok(validator) => validator,
-            Err(error) => return Err(format!("the tool's parameters schema {error}")),
+            Err(error) => {
+                return Err(vec![(
+                    String::new(),
+                    format!("the tool's parameters schema {error}"),
+                )]);
+            }
         };
         let mut violations = Vec::new();
         let mut more = 0usize;
-        for error in validator.iter_errors(arguments) {
+        for error in validator.iter_errors(value) {
             if violations.len() == MAX_VIOLATIONS {
                 more += 1;
                 continue;
             }
-            let path = error.instance_path.to_string();
-            violations.push(if path.is_empty() {
-                error.to_string()
-            } else {
-                format!("{path}: {error}")
-            });
+            violations.push((error.instance_path.to_string(), error.to_string()));
         }
         if violations.is_empty() {
             return Ok(());
         }
         if more > 0 {
-            violations.push(format!("and {more} more"));
+            violations.push((String::new(), format!("and {more} more")));
         }
-        Err(violations.join("; "))
+        Err(violations)
     }
 }
 

@@ -144,6 +144,6 @@ async fn the_structured_output_and_image_examples_run_against_the_demo() {
         out.contains(r#""role":"user","content":[{"type":"text","text":"What is in this picture?"},{"type":"image","url":"data:image/png;base64,iVBORw0KGgo"#),
         "{out}"
     );
-    assert!(out.contains(r#""mime_type":"image/png"}]"#), "{out}");
+    assert!(out.contains(r#""media_type":"image/png"}]"#), "{out}");
     assert!(out.contains(r#""role":"assistant""#), "{out}");
 }

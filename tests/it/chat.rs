@@ -386,6 +386,24 @@ async fn chat_routes_client_tool_outputs(backend: Backend) {
     let again = post(&server, "/chat?format=ai-sdk-v7", &answered).await;
     assert_eq!(again.status, 200, "{}", again.problem);
     assert_eq!(again.frames, continued.frames);
+    // Another output for the answered call: 409 naming it, the first answer stands.
+    let mut otherwise = answered.clone();
+    otherwise["messages"][1]["parts"][1]["output"] = json!({"city": "Lyon"});
+    let refused = post(&server, "/chat?format=ai-sdk-v7", &otherwise).await;
+    assert_eq!(refused.status, 409, "{}", refused.problem);
+    assert_eq!(
+        refused.problem["code"], "action_conflict",
+        "{}",
+        refused.problem
+    );
+    assert!(
+        refused.problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&provider_call),
+        "{}",
+        refused.problem
+    );
     db.cleanup().await;
 }
 
@@ -424,6 +442,19 @@ async fn chat_routes_approvals(backend: Backend) {
     );
     let run = server.get_json(&format!("/runs/{run_id}")).await;
     assert_eq!(run["status"], "completed");
+    // The same decision again streams the same continuation; the other decision is refused.
+    let again = post(&server, "/chat", &answered).await;
+    assert_eq!(again.status, 200, "{}", again.problem);
+    assert_eq!(again.frames, continued.frames);
+    let mut otherwise = answered.clone();
+    otherwise["messages"][1]["parts"][1]["approval"]["approved"] = json!(false);
+    let refused = post(&server, "/chat", &otherwise).await;
+    assert_eq!(refused.status, 409, "{}", refused.problem);
+    assert_eq!(
+        refused.problem["code"], "action_conflict",
+        "{}",
+        refused.problem
+    );
     db.cleanup().await;
 }
 
@@ -604,6 +635,16 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
     let again = post(&server, "/ag-ui", &answer).await;
     assert_eq!(again.status, 200, "{}", again.problem);
     assert_eq!(again.frames, continued.frames);
+    let mut otherwise = answer.clone();
+    otherwise["runId"] = json!(uuid::Uuid::new_v4().to_string());
+    otherwise["messages"][2]["content"] = json!("Lyon");
+    let refused = post(&server, "/ag-ui", &otherwise).await;
+    assert_eq!(refused.status, 409, "{}", refused.problem);
+    assert_eq!(
+        refused.problem["code"], "action_conflict",
+        "{}",
+        refused.problem
+    );
 
     // An approval, answered through resume[].
     let second_run = uuid::Uuid::new_v4().to_string();

@@ -1543,7 +1543,110 @@ async fn calibration_follows_a_server_that_counts_differently(backend: Backend) 
     server.stop().await;
 }
 
+/// Runs `body` (on the fake model) to its end; returns its frames and its record.
+async fn run_body(server: &TestServer, mut body: Value) -> (Vec<Frame>, Value) {
+    body["provider"] = json!("fake");
+    body["model"] = json!("fake-model");
+    let created = server.create_run(body).await;
+    let run_id = created["run_id"].as_str().unwrap();
+    let frames = tokio::time::timeout(Duration::from_secs(30), server.events(run_id, None))
+        .await
+        .expect("the run ends within 30 s");
+    (frames, server.get_json(&format!("/runs/{run_id}")).await)
+}
+
+/// A request that cannot fit, whatever compaction does (instructions longer than the window),
+/// fails before its first model call — and its log still opens with `run_started`. An input
+/// that alone does not fit is refused at create (`422 input_too_large`): nothing is stored.
+async fn a_request_that_cannot_fit_fails_after_run_started(backend: Backend) {
+    let Some((server, fake, _model, _tools)) = start(backend, Wire::OpenAi, COMPACTION, 60).await
+    else {
+        return;
+    };
+    let (frames, record) = run_body(
+        &server,
+        json!({"input": "Hello.", "instructions": "word ".repeat(7_000)}),
+    )
+    .await;
+    assert_eq!(record["status"], "failed", "{record}");
+    assert_eq!(frames[0].event, "run_started", "{frames:?}");
+    assert_eq!(frames[0].sequence(), 1);
+    let failed = frames.last().unwrap().json();
+    assert_eq!(failed["type"], "run_failed", "{failed}");
+    assert_eq!(failed["error_class"], "context_length_exceeded", "{failed}");
+    assert!(model_requests(&fake).is_empty(), "nothing was sent");
+
+    let sessions = server.get_json("/sessions").await;
+    let runs = server.get_json("/runs").await;
+    let refused = server
+        .client
+        .post(server.url("/runs"))
+        .json(&json!({"provider": "fake", "model": "fake-model",
+                      "input": "word ".repeat(7_000)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 422);
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["code"], "input_too_large", "{problem}");
+    assert_eq!(problem["field"], "input", "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("fake-model"),
+        "{problem}"
+    );
+    assert_eq!(
+        server.get_json("/sessions").await,
+        sessions,
+        "no session created"
+    );
+    assert_eq!(server.get_json("/runs").await, runs, "no run created");
+    server.db.as_ref().unwrap().assert_logs_fold().await;
+    server.stop().await;
+}
+
+/// A compaction that leaves the request over the window (the latest input, kept verbatim, is
+/// too long with the run's instructions) does not send it: the run fails with
+/// `context_length_exceeded`, the model never sees it, and the session goes on — the next
+/// input is accepted and answered with a valid history.
+async fn a_compacted_request_still_too_long_is_not_sent(backend: Backend) {
+    for wire in WIRES {
+        let Some((server, fake, _model, _tools)) = start(backend, wire, COMPACTION, 200).await
+        else {
+            return;
+        };
+        let (session, _) = session(&server, 4).await;
+        let sent = model_requests(&fake).len();
+        let (frames, record) = run_body(
+            &server,
+            json!({"session_id": session, "input": "word ".repeat(5_000),
+                   "instructions": "word ".repeat(2_500)}),
+        )
+        .await;
+        assert_eq!(record["status"], "failed", "{record}");
+        assert_eq!(of_type(&frames, "context_compacted").len(), 1, "{frames:?}");
+        let failed = frames.last().unwrap().json();
+        assert_eq!(failed["error_class"], "context_length_exceeded", "{failed}");
+        assert!(
+            failed["error"].as_str().unwrap().contains("still too long"),
+            "{failed}"
+        );
+        assert_eq!(
+            model_requests(&fake).len(),
+            sent,
+            "the request was not sent"
+        );
+        assert_eq!(fake.rejected(), 0);
+        let (_, _, record) = run(&server, "Turn 5: look up k5, please.", Some(&session)).await;
+        assert_eq!(record["status"], "completed", "{record}");
+        assert_valid_and_fitting(wire, &fake);
+        server.db.as_ref().unwrap().assert_logs_fold().await;
+        server.stop().await;
+    }
+}
+
 on_both_backends!(
+    a_request_that_cannot_fit_fails_after_run_started,
+    a_compacted_request_still_too_long_is_not_sent,
     calibration_follows_a_server_that_counts_differently,
     compaction_is_visible_while_the_summariser_works,
     a_run_stopped_while_compacting_resumes,

@@ -92,8 +92,8 @@ async fn images_reach_both_wire_formats(backend: Backend) {
         stored["content"],
         json!([
             {"type": "text", "text": "What is in these pictures?"},
-            {"type": "image", "url": data_url, "mime_type": "image/png"},
-            {"type": "image", "url": "https://example.com/cat.jpg", "mime_type": ""},
+            {"type": "image", "url": data_url, "media_type": "image/png"},
+            {"type": "image", "url": "https://example.com/cat.jpg", "media_type": ""},
         ]),
         "{stored}"
     );
@@ -259,7 +259,63 @@ async fn a_body_over_the_limit_is_413(backend: Backend) {
     server.stop().await;
 }
 
+/// A session whose history holds images goes on with a `text_only` model: each image reaches it
+/// as a text placeholder (the stored message keeps it), and the request is valid; an image in
+/// the new input is still refused at create.
+async fn a_text_only_model_gets_the_historys_images_as_text(backend: Backend) {
+    let fake = FakeOpenAi::start().await;
+    let Some(server) = TestServer::start(backend, config(&fake.base_url(), "")).await else {
+        return;
+    };
+    fake.push(Reply::sse(&fake_openai::text_stream(&["A dot and a cat."])));
+    let (status, created) = post(
+        &server,
+        &json!({"provider": "fake", "model": "vision", "input": parts()}),
+    )
+    .await;
+    assert_eq!(status, 202, "{created}");
+    let session = created["session_id"].as_str().unwrap().to_owned();
+    server
+        .finished_run(created["run_id"].as_str().unwrap())
+        .await;
+    fake.push(Reply::sse(&fake_openai::text_stream(&["Still a cat."])));
+    let (status, created) = post(
+        &server,
+        &json!({"provider": "fake", "model": "text", "session_id": session, "input": "And now?"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{created}");
+    let run = server
+        .finished_run(created["run_id"].as_str().unwrap())
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let requests = fake.requests();
+    let body = &requests.last().unwrap().body;
+    assert!(validate_openai_request(body).is_empty(), "{body}");
+    let first = body["messages"][0].to_string();
+    assert!(first.contains("What is in these pictures?"), "{first}");
+    assert_eq!(
+        first.matches("[image omitted: text is text-only]").count(),
+        2,
+        "{first}"
+    );
+    assert!(!body.to_string().contains("image_url"), "{body}");
+    let stored = server
+        .get_json(&format!("/sessions/{session}/messages"))
+        .await;
+    assert_eq!(stored["messages"][0]["content"][1]["type"], "image");
+    let (status, problem) = post(
+        &server,
+        &json!({"provider": "fake", "model": "text", "session_id": session, "input": parts()}),
+    )
+    .await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["field"], "input", "{problem}");
+    server.stop().await;
+}
+
 on_both_backends!(
+    a_text_only_model_gets_the_historys_images_as_text,
     images_reach_both_wire_formats,
     bad_images_are_refused_at_create,
     a_body_over_the_limit_is_413,

@@ -91,3 +91,5 @@ mod tool_loop;
 mod tool_progress;
 #[cfg(test)]
 mod tools;
+#[cfg(test)]
+mod trial_fixes;

@@ -247,9 +247,21 @@ async fn invalid_answer_is_corrected(backend: Backend, wire: Wire) {
     let rejected = of_kind(&frames, "output_rejected");
     assert_eq!(rejected.len(), 1, "{:?}", kinds(&frames));
     assert_eq!(rejected[0]["attempt"], 1);
-    let errors = rejected[0]["errors"].as_str().unwrap();
-    assert!(errors.contains("/temperature_c"), "{errors}");
-    assert!(errors.contains("conditions"), "{errors}");
+    // A list of {instance_path, message}, the path a JSON Pointer.
+    let errors = rejected[0]["errors"].as_array().unwrap();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e["instance_path"] == "/temperature_c"),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e["instance_path"] == ""
+                && e["message"].as_str().unwrap().contains("conditions")),
+        "{errors:?}"
+    );
     assert_eq!(of_kind(&frames, "run_completed")[0]["parsed"], good);
     let run_id = record["id"].as_str().unwrap();
     let output = server.get_json(&format!("/runs/{run_id}/output")).await;
@@ -314,7 +326,10 @@ async fn invalid_twice_fails(backend: Backend, wire: Wire) {
     assert!(error.contains("temperature_c"), "{error}");
     let rejected = of_kind(&frames, "output_rejected");
     assert_eq!(rejected.len(), 1);
-    assert!(rejected[0]["errors"].as_str().unwrap().contains("not JSON"));
+    let errors = rejected[0]["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["instance_path"], "");
+    assert!(errors[0]["message"].as_str().unwrap().contains("not JSON"));
     let run_id = record["id"].as_str().unwrap();
     let output = server.get_json(&format!("/runs/{run_id}/output")).await;
     assert_eq!(output["error_class"], "output_invalid");

@@ -220,7 +220,7 @@ function userMessage(parent, text, parts) {
     if (part.url.startsWith('data:image/')) {
       const img = document.createElement('img');
       img.className = 'input-image';
-      img.alt = 'image (' + (part.mime_type || 'image') + ')';
+      img.alt = 'image (' + (part.media_type || part.mime_type || 'image') + ')';
       img.src = part.url;
       img.style.maxWidth = '240px';
       img.style.display = 'block';
@@ -555,7 +555,11 @@ function apply(current, transcript, event) {
       current.bubble = null;
       current.callText = null;
       note(transcript, 'muted', 'The answer does not match the output schema (correction '
-        + event.attempt + '): ' + event.errors);
+        + event.attempt + '): ' + (Array.isArray(event.errors)
+          ? event.errors.map(function (e) {
+            return e.instance_path ? e.instance_path + ': ' + e.message : e.message;
+          }).join('; ')
+          : event.errors));
       break;
     case 'run_failed':
       note(transcript, 'error', 'Run failed' + (event.error_class ? ' (' + event.error_class + ')' : '')

@@ -527,13 +527,15 @@ impl Projection for AgUi {
             }
             EventPayload::RunCompleted(completed) => {
                 self.close_all(&mut out);
-                let finished = self.run_finished(
-                    json!({"type": "success"}),
-                    Some(json!({
-                        "finishReason": completed.finish_reason,
-                        "iterations": completed.iterations,
-                    })),
-                );
+                let mut result = json!({
+                    "finishReason": completed.finish_reason,
+                    "iterations": completed.iterations,
+                });
+                // A run with an `output_schema`: its answer, parsed (`result` is any JSON).
+                if let Some(parsed) = &completed.parsed {
+                    result["parsed"] = parsed.clone();
+                }
+                let finished = self.run_finished(json!({"type": "success"}), Some(result));
                 self.push(&mut out, finished);
             }
             EventPayload::RunFailed(failed) => {

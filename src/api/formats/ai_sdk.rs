@@ -295,10 +295,15 @@ impl Projection for AiSdk {
             }
             EventPayload::RunCompleted(completed) => {
                 self.close_step(&mut out);
+                let mut metadata = json!({"behest": {"iterations": completed.iterations}});
+                // A run with an `output_schema`: its answer, parsed (as `run_completed.parsed`).
+                if let Some(parsed) = &completed.parsed {
+                    metadata["parsed"] = parsed.clone();
+                }
                 out.push(json!({
                     "type": "finish",
                     "finishReason": finish_reason(completed.finish_reason),
-                    "messageMetadata": {"behest": {"iterations": completed.iterations}},
+                    "messageMetadata": metadata,
                 }));
             }
             EventPayload::RunFailed(failed) => {

@@ -679,3 +679,43 @@ fn the_ag_ui_run_id_of_a_run_started_through_ag_ui_is_the_clients() {
         record.id.to_string()
     );
 }
+
+/// A run with an `output_schema` completes with its answer parsed: the AI SDK's `finish`
+/// carries it in `messageMetadata.parsed` (both dialects), AG-UI's `RUN_FINISHED` in
+/// `result.parsed`; a replay renders the same bytes.
+#[test]
+fn the_parsed_answer_is_in_the_finish_of_every_rendering() {
+    let mut log = Log::new();
+    log.model(1);
+    log.text("{\"city\": \"Oslo\"}");
+    log.end_call();
+    log.push(EventPayload::RunCompleted(RunCompleted {
+        finish_reason: FinishReason::Stop,
+        iterations: 1,
+        parsed: Some(json!({"city": "Oslo"})),
+    }));
+    let last = |frames: &[(Option<String>, String)], kind: &str| -> Value {
+        frames
+            .iter()
+            .rev()
+            .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+            .find(|chunk| chunk["type"] == kind)
+            .unwrap_or(Value::Null)
+    };
+    for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
+        let live = render(AiSdk::new(log.run.clone(), dialect), &log, None);
+        assert_eq!(
+            live,
+            render(AiSdk::new(log.run.clone(), dialect), &log, None)
+        );
+        let finish = last(&live, "finish");
+        assert_eq!(finish["messageMetadata"]["parsed"], json!({"city": "Oslo"}));
+        assert_eq!(finish["messageMetadata"]["behest"]["iterations"], 1);
+        check_ai_sdk(&live);
+    }
+    let live = render(AgUi::new(log.run.clone()), &log, None);
+    assert_eq!(live, render(AgUi::new(log.run.clone()), &log, None));
+    let finished = last(&live, "RUN_FINISHED");
+    assert_eq!(finished["result"]["parsed"], json!({"city": "Oslo"}));
+    check_ag_ui(&live);
+}

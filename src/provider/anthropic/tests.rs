@@ -560,11 +560,11 @@ fn empty_assistant_text_and_images_map() {
         vec![
             ContentPart::Image {
                 url: "data:image/png;base64,iVBORw0KGgo=".to_owned(),
-                mime_type: "image/png".to_owned(),
+                media_type: "image/png".to_owned(),
             },
             ContentPart::Image {
                 url: "https://example.com/cat.jpg".to_owned(),
-                mime_type: "image/jpeg".to_owned(),
+                media_type: "image/jpeg".to_owned(),
             },
         ],
     );

@@ -810,7 +810,7 @@ fn tool_choice_modes_and_images_map() {
             text_part("What is this?"),
             ContentPart::Image {
                 url: "https://example.com/cat.png".to_owned(),
-                mime_type: "image/png".to_owned(),
+                media_type: "image/png".to_owned(),
             },
         ],
     );

@@ -55,6 +55,11 @@ impl Window {
     }
 }
 
+/// Why a compacted request that still does not fit is not sent.
+const COMPACTED_STILL_TOO_LONG: &str = "it was compacted, but what compaction keeps verbatim \
+(the newest turns, the latest input among them, the instructions and the tools) is still too \
+long; the run fails without sending it (the session stays valid: a shorter input can follow)";
+
 /// Why a run cannot make its model call.
 #[derive(Debug, thiserror::Error)]
 pub(in crate::runtime) enum Stop {
@@ -122,8 +127,9 @@ impl Call<'_> {
     /// opening events not yet logged), which is then empty.
     ///
     /// # Errors
-    /// [`Stop::TooLong`] when the request does not fit the window and could not be made to;
-    /// the event log's or the store's errors.
+    /// [`Stop::TooLong`] when the request does not fit the window and could not be made to
+    /// (also when it was compacted and is still over it: it is never sent); the event log's or
+    /// the store's errors.
     pub async fn before(
         &self,
         conversation: &mut Conversation,
@@ -154,8 +160,13 @@ impl Call<'_> {
             {
                 None => {
                     // The call's estimated usage and the calibration after it are of the
-                    // request that is sent: the compacted one.
-                    conversation.measure(self.tools);
+                    // request that is sent: the compacted one — unless it still does not fit
+                    // (what compaction keeps verbatim, the latest input among it, is too
+                    // long): a request over the window is never sent.
+                    let size = conversation.measure(self.tools);
+                    if size.estimated > self.window.hard() {
+                        return Err(self.too_long(size.estimated, COMPACTED_STILL_TOO_LONG));
+                    }
                     return Ok(());
                 }
                 Some(reason) => reason,
@@ -176,7 +187,8 @@ impl Call<'_> {
     /// made again.
     ///
     /// # Errors
-    /// [`Stop::TooLong`] when nothing could be compacted; the event log's or the store's.
+    /// [`Stop::TooLong`] when nothing could be compacted, or the compacted request is still
+    /// estimated over the window; the event log's or the store's.
     pub async fn after_overflow(
         &self,
         conversation: &mut Conversation,
@@ -193,7 +205,13 @@ impl Call<'_> {
             .attempt(job, conversation, total_usage, &mut Vec::new())
             .await?
         {
-            None => Ok(()),
+            None => {
+                let size = conversation.measure(self.tools);
+                if size.estimated > self.window.hard() {
+                    return Err(self.too_long(size.estimated, COMPACTED_STILL_TOO_LONG));
+                }
+                Ok(())
+            }
             Some(reason) => Err(Stop::TooLong(format!(
                 "the provider rejected the request as too long for the context window of `{}` \
                  ({}), and {reason}",

@@ -9,6 +9,7 @@
 
 mod call;
 mod conversation;
+mod input;
 mod job;
 mod prune;
 mod select;
@@ -28,6 +29,7 @@ use crate::telemetry;
 
 pub(in crate::runtime) use call::{Call, Stop, Window, record_cut_off_summariser};
 pub use conversation::{Conversation, Size};
+pub(in crate::runtime) use input::check_input;
 pub use summarise::PROMPT as SUMMARISER_PROMPT;
 
 use job::{Attempt, Job};

@@ -395,7 +395,9 @@ pub(super) fn render(message: &Message) -> String {
             ContentPart::Text { text } if !text.trim().is_empty() => parts.push(text.clone()),
             ContentPart::Text { .. } => {}
             ContentPart::Json { value } => parts.push(value.to_string()),
-            ContentPart::Image { mime_type, .. } => parts.push(format!("[an image ({mime_type})]")),
+            ContentPart::Image { media_type, .. } => {
+                parts.push(format!("[an image ({media_type})]"))
+            }
         }
     }
     let body = parts.join("\n");

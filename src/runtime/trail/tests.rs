@@ -507,7 +507,10 @@ fn a_resumed_run_whose_answer_was_committed_completes() {
 fn rejected(attempt: u32) -> EventPayload {
     EventPayload::OutputRejected(OutputRejected {
         message_id: MessageId::new(),
-        errors: "the answer is not JSON".to_owned(),
+        errors: vec![crate::events::OutputViolation {
+            instance_path: String::new(),
+            message: "the answer is not JSON".to_owned(),
+        }],
         attempt,
     })
 }

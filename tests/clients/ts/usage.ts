@@ -101,7 +101,7 @@ function text(part: ContentPart): string {
     case 'json':
       return JSON.stringify(part.value);
     case 'image':
-      return `[${part.mime_type} ${part.url}]`;
+      return `[${part.media_type} ${part.url}]`;
     default:
       return unreachable(part);
   }

@@ -1,0 +1,73 @@
+//! The check of a run's input at its create: an input message that alone does not fit the
+//! model's window (less the answer's `max_output_tokens`), estimated as compaction estimates a
+//! session's first request, could never be sent — compaction keeps the latest input verbatim —
+//! so the run is refused (`422 input_too_large`) instead of created to fail.
+
+use super::call::Window;
+use super::conversation::Conversation;
+use crate::domain::{ContentPart, Message};
+use crate::runtime::tokens::{IMAGE_TOKENS, PER_MESSAGE_OVERHEAD, REPLY_PRIMING, Tokenizer};
+use crate::store::SessionContext;
+
+/// An input that does not fit: its estimate and the most a request may hold, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::runtime) struct TooLarge {
+    /// The input's estimated tokens (the tokenizer's count, corrected by its prior ratio).
+    pub estimated: u64,
+    /// The model's context window less the run's `max_output_tokens`.
+    pub limit: u64,
+}
+
+/// Whether `input` (the run's user message) alone fits `window` for `model`, estimated as a
+/// request of it alone without a calibration ([`Conversation::measure`]: the model's tokenizer
+/// or the `o200k_base` estimate ×1.2, an image as 1,000 tokens, the reply priming). A bound
+/// from the input's bytes (a token is at least one byte) answers most inputs without the
+/// tokenizer; a larger one is counted on a blocking thread (which loads the tables once).
+///
+/// # Errors
+/// [`TooLarge`] when the estimate is over the window less the answer.
+pub(in crate::runtime) async fn check_input(
+    input: Message,
+    model: &str,
+    window: Window,
+) -> Result<(), TooLarge> {
+    let limit = window.hard();
+    let tokenizer = Tokenizer::for_model(model);
+    let bytes: usize = input
+        .content
+        .iter()
+        .map(|part| match part {
+            ContentPart::Text { text } => text.len(),
+            ContentPart::Json { value } => value.to_string().len(),
+            ContentPart::Image { .. } => 0,
+        })
+        .sum();
+    let images = input
+        .content
+        .iter()
+        .filter(|part| matches!(part, ContentPart::Image { .. }))
+        .count() as u64;
+    let bound = PER_MESSAGE_OVERHEAD + REPLY_PRIMING + bytes as u64 + images * IMAGE_TOKENS;
+    if (bound as f64 * tokenizer.prior_ratio()).ceil() as u64 <= limit {
+        return Ok(());
+    }
+    let model = model.to_owned();
+    let estimated = tokio::task::spawn_blocking(move || {
+        if !tokenizer.is_ready() {
+            tokenizer.warm_up();
+        }
+        let context = SessionContext {
+            messages: vec![input],
+            ..SessionContext::default()
+        };
+        Conversation::new(context, &model).measure(&[]).estimated
+    })
+    .await
+    // A counting thread that failed cannot say the input is too large: the run's own checks
+    // before its model call still stand.
+    .unwrap_or(0);
+    if estimated > limit {
+        return Err(TooLarge { estimated, limit });
+    }
+    Ok(())
+}
