@@ -356,6 +356,16 @@ impl From<CreateRunError> for ApiError {
                 detail,
             )
             .retry_after(1),
+            CreateRunError::Webhook(crate::runtime::WebhookProblem::Disabled) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "webhooks_disabled",
+                detail,
+            )
+            .field("webhook"),
+            CreateRunError::Webhook(crate::runtime::WebhookProblem::Invalid(_)) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_webhook", detail)
+                    .field("webhook")
+            }
             CreateRunError::Store(error) => error.into(),
         }
     }

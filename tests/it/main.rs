@@ -89,3 +89,5 @@ mod structured_output;
 mod tool_loop;
 #[cfg(test)]
 mod tools;
+#[cfg(test)]
+mod webhooks;
