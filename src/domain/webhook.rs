@@ -44,19 +44,6 @@ pub enum WebhookEventType {
 }
 
 impl WebhookEventType {
-    /// The type of the delivery an event of type `event_type` causes (`run_completed`,
-    /// `run_failed`, `run_cancelled`, `tool_calls_required`); `None` for any other event.
-    #[must_use]
-    pub fn of_event(event_type: &str) -> Option<Self> {
-        Some(match event_type {
-            "run_completed" => Self::RunCompleted,
-            "run_failed" => Self::RunFailed,
-            "run_cancelled" => Self::RunCancelled,
-            "tool_calls_required" => Self::RunRequiresAction,
-            _ => return None,
-        })
-    }
-
     /// As written in the payload's `type` (`run.completed`, …).
     #[must_use]
     pub fn as_str(self) -> &'static str {

@@ -446,10 +446,10 @@ impl RunEmitter {
             let sequence = first + offset;
             let terminal = payload.is_terminal();
             closed = terminal;
-            let event_type = payload.event_type().to_owned();
             if self.webhook.is_some() {
-                change.webhook = super::webhooks::due(self.webhook.as_ref(), &event_type);
+                change.webhook = super::webhooks::due(self.webhook.as_ref(), &payload);
             }
+            let event_type = payload.event_type().to_owned();
             let event = AgentEvent {
                 sequence,
                 run_id: self.run_id,

@@ -25,9 +25,8 @@ pub use address::is_private;
 
 use super::Runtime;
 use crate::config::WebhooksConfig;
-use crate::domain::{
-    ClaimedDelivery, Webhook, WebhookAttempt, WebhookAttemptOutcome, WebhookEventType,
-};
+use crate::domain::{ClaimedDelivery, Webhook, WebhookAttempt, WebhookAttemptOutcome};
+use crate::events::EventPayload;
 use crate::store::{AttemptRecord, Store, WebhookDue};
 
 /// Deliveries one process attempts at once at most.
@@ -219,12 +218,12 @@ fn describe(error: &reqwest::Error) -> String {
     text
 }
 
-/// The delivery an event of type `event_type` owes a run whose webhook is `url`: for a terminal
-/// event or `tool_calls_required`, else `None`.
+/// The delivery an event owes a run whose webhook is `url`: for a terminal event or
+/// `tool_calls_required` ([`EventPayload::webhook_event`]), else `None`.
 #[must_use]
-pub fn due(url: Option<&Arc<str>>, event_type: &str) -> Option<WebhookDue> {
+pub fn due(url: Option<&Arc<str>>, payload: &EventPayload) -> Option<WebhookDue> {
     let url = url?;
-    let event_type = WebhookEventType::of_event(event_type)?;
+    let event_type = payload.webhook_event()?;
     Some(WebhookDue {
         id: uuid::Uuid::now_v7(),
         url: url.clone(),
