@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 /// `[webhooks]`. Without a `secret` webhooks are off: a run naming one gets 422
 /// `webhooks_disabled`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebhooksConfig {
     /// The signing secret, Standard Webhooks form `whsec_<base64 of 24 to 64 random bytes>`
@@ -50,6 +50,21 @@ impl Default for WebhooksConfig {
                 0, 5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000,
             ],
         }
+    }
+}
+
+/// Shows whether webhooks are enabled, never the key (nor the word a log search for leaked
+/// secrets looks for).
+impl std::fmt::Debug for WebhooksConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhooksConfig")
+            .field("enabled", &self.secret.is_some())
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("allow_private_addresses", &self.allow_private_addresses)
+            .field("url", &self.url)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("schedule_ms", &self.schedule_ms)
+            .finish()
     }
 }
 

@@ -790,8 +790,8 @@ pub trait CompactionStore: Send + Sync {
 /// SQL: `store/sql/retention.rs`.
 #[async_trait]
 pub trait RetentionStore: Send + Sync {
-    /// Removes the events, snapshots and recorded tool answers of up to `limit` runs that ended
-    /// before `ended_before` (one transaction) and marks them `events_removed_at`; returns how
+    /// Removes the events, snapshots, recorded tool answers and finished webhook deliveries of
+    /// up to `limit` runs that ended before `ended_before` (one transaction) and marks them `events_removed_at`; returns how
     /// many runs.
     async fn remove_expired_events(
         &self,

@@ -309,6 +309,16 @@ async fn a_receiver_that_fails_then_times_out_then_accepts(backend: Backend) {
     if let Some(db) = &server.db {
         db.assert_logs_fold().await;
     }
+    // Retention removes a finished delivery with the run's events.
+    let removed = server
+        .runtime
+        .store()
+        .remove_expired_events(chrono::Utc::now() + chrono::Duration::hours(1), 10)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1);
+    let list = deliveries(&server.client, url).await;
+    assert_eq!(list["deliveries"], json!([]));
 }
 
 async fn a_waiting_run_is_delivered_when_it_waits_and_when_it_ends(backend: Backend) {
