@@ -14,9 +14,11 @@ use crate::domain::{CompactionConfig, ModelWindow};
 mod database;
 mod http;
 mod ops;
+mod webhooks;
 pub use database::DatabaseConfig;
 pub use http::HttpConfig;
 pub use ops::{ApiKeys, AuthConfig, KeyHash, LimitsConfig, TelemetryConfig};
+pub use webhooks::{WebhookSecret, WebhooksConfig};
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +55,9 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// Client connections: header, body and keep-alive timeouts and their cap (`[http]`).
     pub http: HttpConfig,
+    /// Webhooks: the signing secret, allowed hosts, the default URL, the retry schedule
+    /// (`[webhooks]`).
+    pub webhooks: WebhooksConfig,
 }
 
 impl Default for Config {
@@ -72,6 +77,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             telemetry: TelemetryConfig::default(),
             http: HttpConfig::default(),
+            webhooks: WebhooksConfig::default(),
         }
     }
 }
@@ -124,6 +130,10 @@ pub struct AgentPreset {
     /// `output_schema`, which replaces it); checked at startup like a run's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<serde_json::Value>,
+    /// The webhook of the preset's runs (`[agents.<name>.webhook] url = "https://…"`): a run's
+    /// own `webhook` replaces it; it replaces the server's `[webhooks] url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<crate::domain::Webhook>,
 }
 
 /// `[agents.<name>.doom_loop]`: the settings a preset changes.
@@ -844,6 +854,7 @@ impl Config {
             return Err(ConfigError::Check((*message).to_owned()));
         }
         self.http.check().map_err(ConfigError::Check)?;
+        self.webhooks.check().map_err(ConfigError::Check)?;
         if let Some(name) = self
             .agents
             .keys()
@@ -939,7 +950,7 @@ impl Config {
 }
 
 /// The configuration's top-level keys, as `BEHEST_<KEY>` or `BEHEST_<KEY>__…` spell them.
-const TOP_LEVEL_KEYS: [&str; 15] = [
+const TOP_LEVEL_KEYS: [&str; 16] = [
     "bind",
     "database_url",
     "database",
@@ -954,6 +965,7 @@ const TOP_LEVEL_KEYS: [&str; 15] = [
     "auth",
     "limits",
     "telemetry",
+    "webhooks",
     // `BEHEST_CONFIG` names the file; read by the CLI, not a key.
     "config",
 ];

@@ -118,6 +118,16 @@ pub fn runtime(
         &config.database.replica_id(),
     );
     runtime.check_agents().map_err(ServeError::Agents)?;
+    if runtime
+        .enable_webhooks(&config.webhooks)
+        .map_err(ServeError::Agents)?
+    {
+        tracing::info!(
+            allowed_hosts = ?config.webhooks.allowed_hosts,
+            allow_private_addresses = config.webhooks.allow_private_addresses,
+            "webhooks enabled"
+        );
+    }
     Ok(runtime)
 }
 

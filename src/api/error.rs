@@ -360,6 +360,16 @@ impl From<CreateRunError> for ApiError {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail)
                     .field("input")
             }
+            CreateRunError::Webhook(crate::runtime::WebhookProblem::Disabled) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "webhooks_disabled",
+                detail,
+            )
+            .field("webhook"),
+            CreateRunError::Webhook(crate::runtime::WebhookProblem::Invalid(_)) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_webhook", detail)
+                    .field("webhook")
+            }
             CreateRunError::Store(error) => error.into(),
         }
     }

@@ -22,6 +22,7 @@ mod snapshots;
 pub mod sse;
 mod system;
 mod tools;
+mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,6 +168,7 @@ fn protected_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(runs::get_run_output))
         .routes(routes!(runs::cancel_run))
         .routes(routes!(runs::watch_run_events))
+        .routes(routes!(webhooks::list_webhook_deliveries))
         .routes(routes!(actions::submit_tool_outputs))
         .routes(routes!(actions::submit_approvals))
         .routes(routes!(sessions::list_sessions, sessions::create_session))

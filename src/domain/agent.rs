@@ -308,6 +308,9 @@ pub struct RunDefinition {
     /// The JSON Schema the final answer must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<serde_json::Value>,
+    /// Where the run's end (and each pause in `requires_action`) is posted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<super::Webhook>,
 }
 
 /// What a session's runs default to when they do not say (`POST /sessions`), and what a

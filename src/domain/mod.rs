@@ -12,6 +12,7 @@ mod input;
 mod message;
 mod run;
 mod snapshot;
+mod webhook;
 
 pub use agent::{
     ActionAnswer, DoomLoopSettings, MAX_STOP_SEQUENCES, ModelParameters, PendingKind,
@@ -36,3 +37,7 @@ pub use run::{
     is_external_id, is_idempotency_key,
 };
 pub use snapshot::Snapshot;
+pub use webhook::{
+    ClaimedDelivery, WEBHOOK_URL_MAX_BYTES, Webhook, WebhookAttempt, WebhookAttemptOutcome,
+    WebhookDelivery, WebhookDeliveryStatus, WebhookEventType,
+};

@@ -311,6 +311,11 @@ pub struct RunRecord {
     /// While the run is in `requires_action`: the tool calls it waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required_action: Option<RequiredAction>,
+    /// Where the run's end and each pause in `requires_action` are posted (from the request,
+    /// the preset or the server's `[webhooks] url`); absent: nowhere. Deliveries:
+    /// `GET /runs/{run_id}/webhook-deliveries`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<super::Webhook>,
     /// The client's idempotency key, when it gave one.
     pub client_request_id: Option<String>,
     /// Created (RFC 3339, UTC).
@@ -569,6 +574,14 @@ pub struct CreateRunRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub output_schema: Option<serde_json::Value>,
+    /// Where to POST the run record, signed (Standard Webhooks: `webhook-id`,
+    /// `webhook-timestamp`, `webhook-signature`), when the run ends (`run.completed`,
+    /// `run.failed`, `run.cancelled`) or starts waiting in `requires_action`
+    /// (`run.requires_action`); delivered at least once, retried with backoff. Default: the
+    /// preset's, else the server's `[webhooks] url`. Needs `[webhooks] secret` on the server
+    /// (else 422 `webhooks_disabled`); a URL not allowed is 422 `invalid_webhook`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<super::Webhook>,
 }
 
 /// Bounds of `action_timeout_ms`, in ms: one second to seven days.
@@ -729,6 +742,15 @@ impl CreateRunRequest {
             ));
         }
         self.parameters().check()?;
+        if let Some(webhook) = &self.webhook {
+            let url = &webhook.url;
+            if url.len() > super::WEBHOOK_URL_MAX_BYTES || url.contains('\0') {
+                return Err(invalid(
+                    "webhook",
+                    "webhook.url must be an http(s) URL of at most 2048 bytes",
+                ));
+            }
+        }
         if let Some(timeout) = self.action_timeout_ms
             && !ACTION_TIMEOUT_MS.contains(&timeout)
         {
@@ -764,7 +786,7 @@ impl CreateRunRequest {
     }
 
     /// The body's fields, in order.
-    pub const FIELDS: [&'static str; 21] = [
+    pub const FIELDS: [&'static str; 22] = [
         "session_id",
         "provider",
         "model",
@@ -786,6 +808,7 @@ impl CreateRunRequest {
         "approval",
         "action_timeout_ms",
         "output_schema",
+        "webhook",
     ];
 
     /// What a top-level field of the body must be, in words, for an error that replaces
@@ -815,6 +838,7 @@ impl CreateRunRequest {
             "seed" => "must be an integer (64-bit)",
             "parallel_tool_calls" => "must be true or false",
             "action_timeout_ms" => "must be a positive integer (ms)",
+            "webhook" => "must be an object {\"url\": \"https://…\"}",
             _ => return None,
         })
     }
@@ -1009,6 +1033,7 @@ impl RunRecord {
             action_timeout_ms: self.action_timeout_ms,
             doom_loop: self.doom_loop.clone(),
             output_schema: self.output_schema.clone(),
+            webhook: self.webhook.clone(),
         }
     }
 

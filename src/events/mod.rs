@@ -146,6 +146,21 @@ impl EventPayload {
         )
     }
 
+    /// What a run's webhook is told of this event: its end (`run.completed`, `run.failed`,
+    /// `run.cancelled`) or its pause (`run.requires_action`, `tool_calls_required`); `None`
+    /// for any other event.
+    #[must_use]
+    pub fn webhook_event(&self) -> Option<crate::domain::WebhookEventType> {
+        use crate::domain::WebhookEventType;
+        Some(match self {
+            Self::RunCompleted(_) => WebhookEventType::RunCompleted,
+            Self::RunFailed(_) => WebhookEventType::RunFailed,
+            Self::RunCancelled(_) => WebhookEventType::RunCancelled,
+            Self::ToolCallsRequired(_) => WebhookEventType::RunRequiresAction,
+            _ => return None,
+        })
+    }
+
     /// The terminal event of a run that ends `end` after `iterations` model calls.
     #[must_use]
     pub fn terminal(end: &RunEnd, iterations: u32) -> Self {

@@ -52,6 +52,8 @@ struct Pending {
 pub struct EventLog {
     queue: mpsc::UnboundedSender<Pending>,
     feed: Arc<EventFeed>,
+    /// Notified once a batch holding a webhook delivery is committed (the delivery worker).
+    webhook_wake: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -75,14 +77,26 @@ impl EventLog {
         owner: Arc<str>,
     ) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
+        let webhook_wake = Arc::new(tokio::sync::Notify::new());
         tokio::spawn(write_loop(
             store,
             feed.clone(),
             receiver,
             max_batch.max(1),
             owner,
+            webhook_wake.clone(),
         ));
-        Self { queue, feed }
+        Self {
+            queue,
+            feed,
+            webhook_wake,
+        }
+    }
+
+    /// Notified each time a batch holding a webhook delivery was committed.
+    #[must_use]
+    pub fn webhook_wake(&self) -> Arc<tokio::sync::Notify> {
+        self.webhook_wake.clone()
     }
 
     /// Waits until every event enqueued before this call is committed (or its batch failed).
@@ -124,6 +138,7 @@ impl EventLog {
             first_sequence: last_sequence + 1,
             trail: Arc::new(Mutex::new(trail)),
             span: Mutex::new(None),
+            webhook: None,
         }
     }
 }
@@ -134,6 +149,7 @@ async fn write_loop(
     mut receiver: mpsc::UnboundedReceiver<Pending>,
     max_batch: usize,
     owner: Arc<str>,
+    webhook_wake: Arc<tokio::sync::Notify>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     while receiver.recv_many(&mut batch, max_batch).await > 0 {
@@ -152,6 +168,9 @@ async fn write_loop(
         let result = append_with_retry(store.as_ref(), &owner, &writes).await;
         if result.is_ok() {
             telemetry::metrics::event_batch(writes.len(), started.elapsed());
+            if writes.iter().any(|write| write.change.webhook.is_some()) {
+                webhook_wake.notify_one();
+            }
         }
         let mut written = writes.into_iter();
         for (count, events, trail, done) in acks {
@@ -251,6 +270,9 @@ pub struct RunEmitter {
     trail: Arc<Mutex<RunTrail>>,
     /// The run's span in this process, ended with the terminal event (or when dropped).
     span: Mutex<Option<telemetry::trace::Span>>,
+    /// The run's webhook URL: its terminal event and each `tool_calls_required` write a
+    /// delivery to the outbox in their transaction.
+    webhook: Option<Arc<str>>,
 }
 
 impl RunEmitter {
@@ -296,6 +318,13 @@ impl RunEmitter {
     #[must_use]
     pub fn with_span(self, span: telemetry::trace::Span) -> Self {
         *self.span.lock().unwrap_or_else(PoisonError::into_inner) = Some(span);
+        self
+    }
+
+    /// Gives the emitter the run's webhook (none: nothing more is written).
+    #[must_use]
+    pub fn with_webhook(mut self, webhook: Option<&crate::domain::Webhook>) -> Self {
+        self.webhook = webhook.map(|w| Arc::from(w.url.as_str()));
         self
     }
 
@@ -410,13 +439,16 @@ impl RunEmitter {
         let mut writes = Vec::with_capacity(events.len());
         let mut typed = Vec::with_capacity(events.len());
         let mut closed = false;
-        for (offset, (payload, outcome, change)) in (0..).zip(events) {
+        for (offset, (payload, outcome, mut change)) in (0..).zip(events) {
             if closed {
                 return Err(LogError::Closed);
             }
             let sequence = first + offset;
             let terminal = payload.is_terminal();
             closed = terminal;
+            if self.webhook.is_some() {
+                change.webhook = super::webhooks::due(self.webhook.as_ref(), &payload);
+            }
             let event_type = payload.event_type().to_owned();
             let event = AgentEvent {
                 sequence,

@@ -24,6 +24,7 @@ mod tool_exec;
 mod tool_progress;
 pub mod trail;
 mod watch;
+mod webhooks;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -49,6 +50,7 @@ pub use doom_loop::{DoomLoopDetector, canonical_json};
 pub use event_log::{EventLog, LogError, RunEmitter, TraceContext};
 pub use structured::parsed_output;
 pub use trail::{RunTrail, TrailError};
+pub use webhooks::{WebhookProblem, Webhooks, is_private};
 
 /// A configured provider: its adapter and its models.
 #[derive(Debug, Clone)]
@@ -132,6 +134,9 @@ pub enum CreateRunError {
         /// The most tokens a request of the model may hold.
         limit: u64,
     },
+    /// The run's webhook is refused (webhooks off, or a URL not allowed).
+    #[error(transparent)]
+    Webhook(WebhookProblem),
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),
@@ -215,6 +220,9 @@ pub struct Runtime {
     signals: signals::Signals,
     /// False while this process cannot confirm its leases (fail-stop; `/readyz`).
     leases_confirmed: std::sync::atomic::AtomicBool,
+    /// Webhooks, once enabled ([`Runtime::enable_webhooks`]); unset: a run naming a webhook
+    /// is refused.
+    webhooks: std::sync::OnceLock<Arc<webhooks::Webhooks>>,
 }
 
 impl Runtime {
@@ -277,10 +285,34 @@ impl Runtime {
             scanning: std::sync::atomic::AtomicBool::new(false),
             signals: signals::Signals::default(),
             leases_confirmed: std::sync::atomic::AtomicBool::new(true),
+            webhooks: std::sync::OnceLock::new(),
         });
         tokio::spawn(recovery::lease_loop(Arc::downgrade(&runtime), ttl));
         tokio::spawn(retention::sweep_loop(Arc::downgrade(&runtime)));
         runtime
+    }
+
+    /// Enables webhooks with `config` (when it has a secret) and starts this process's
+    /// delivery worker, which also delivers what the outbox held before (a restart). Returns
+    /// whether webhooks are on; a second call changes nothing.
+    ///
+    /// # Errors
+    /// When the delivery client cannot be built.
+    pub fn enable_webhooks(
+        self: &Arc<Self>,
+        config: &crate::config::WebhooksConfig,
+    ) -> Result<bool, String> {
+        if self.webhooks.get().is_some() {
+            return Ok(true);
+        }
+        let Some(hooks) = webhooks::Webhooks::new(config, self.log.webhook_wake())? else {
+            return Ok(false);
+        };
+        let hooks = Arc::new(hooks);
+        if self.webhooks.set(hooks.clone()).is_ok() {
+            tokio::spawn(webhooks::delivery_loop(Arc::downgrade(self), hooks));
+        }
+        Ok(true)
     }
 
     /// This process's id as the owner of its runs' leases.
@@ -360,6 +392,16 @@ impl Runtime {
             }
         };
         let resolved = self.resolve(&request, session.as_ref())?;
+        if let Some(webhook) = &resolved.definition.webhook {
+            let hooks = self
+                .webhooks
+                .get()
+                .ok_or(CreateRunError::Webhook(WebhookProblem::Disabled))?;
+            hooks
+                .check(&webhook.url)
+                .await
+                .map_err(CreateRunError::Webhook)?;
+        }
         let model = resolved.model;
         let request_hash = request
             .client_request_id
@@ -509,7 +551,12 @@ impl Runtime {
         };
         self.log.feed().open(run_id);
         let span = self.run_span(&record, trace.clone(), resumed);
-        let emitter = Arc::new(self.log.emitter(run_id, trail, trace).with_span(span));
+        let emitter = Arc::new(
+            self.log
+                .emitter(run_id, trail, trace)
+                .with_span(span)
+                .with_webhook(record.webhook.as_ref()),
+        );
         let runtime = self.clone();
         let tokens = run_loop::Tokens {
             cancel,

@@ -201,7 +201,11 @@ impl Runtime {
         let reason = end::open_call_reason(&end);
         let trace = trace_of(&trail, run.id);
         let span = self.run_span(run, trace.clone(), true);
-        let emitter = self.log.emitter(run.id, trail, trace).with_span(span);
+        let emitter = self
+            .log
+            .emitter(run.id, trail, trace)
+            .with_span(span)
+            .with_webhook(run.webhook.as_ref());
         end::close_out(&self.store, &emitter, run, end, reason, None)
             .await
             .map(|_| ())

@@ -1,6 +1,6 @@
 //! Persistence of sessions, messages, runs and events: a trait per concern ([`RunStore`],
 //! [`EventStore`], [`SessionStore`], [`LeaseStore`], [`ActionStore`], [`SnapshotStore`],
-//! [`CompactionStore`], [`RetentionStore`]) and one [`Store`] that combines them, implemented for
+//! [`CompactionStore`], [`RetentionStore`], [`WebhookStore`]) and one [`Store`] that combines them, implemented for
 //! SQLite (the embedded default) and PostgreSQL. Both share the SQL in `sql/`, a file per
 //! concern, and pass the same test suite.
 
@@ -16,9 +16,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::domain::{
-    ActionAnswer, CircuitBreaker, Compaction, CompactionConfig, FinishReason, Message, MessageId,
-    RequiredAction, Role, RunDefinition, RunEnd, RunId, RunRecord, RunStatus, RunTool, Session,
-    SessionDefaults, SessionId, Snapshot, TokenUsage, ToolChoice,
+    ActionAnswer, CircuitBreaker, ClaimedDelivery, Compaction, CompactionConfig, FinishReason,
+    Message, MessageId, RequiredAction, Role, RunDefinition, RunEnd, RunId, RunRecord, RunStatus,
+    RunTool, Session, SessionDefaults, SessionId, Snapshot, TokenUsage, ToolChoice, WebhookAttempt,
+    WebhookDelivery, WebhookEventType,
 };
 use crate::events::LoggedEvent;
 
@@ -339,6 +340,41 @@ pub struct RunChange {
     /// The session's token calibration after a model call that reported its usage
     /// (`usage_recorded`).
     pub calibration: Option<(SessionId, Calibration)>,
+    /// A webhook delivery the event causes (a run's terminal event or `tool_calls_required`,
+    /// for a run with a webhook): written to the outbox in the event's transaction, its
+    /// payload the run record as the transaction leaves it.
+    pub webhook: Option<WebhookDue>,
+}
+
+/// A delivery an event owes the run's webhook ([`RunChange::webhook`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookDue {
+    /// The delivery's id (UUID v7): its `webhook-id`.
+    pub id: uuid::Uuid,
+    /// Where it is posted.
+    pub url: Arc<str>,
+    /// What it tells.
+    pub event_type: WebhookEventType,
+    /// When its first attempt is due, in ms since the Unix epoch.
+    pub due_ms: i64,
+}
+
+/// The outbox as a delivery worker sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxState {
+    /// Deliveries not delivered or failed yet.
+    pub pending: u64,
+    /// When the earliest of them is due, in ms since the Unix epoch.
+    pub next_due_ms: Option<i64>,
+}
+
+/// The end of one delivery attempt, recorded by [`WebhookStore::record_webhook_attempt`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    /// The attempt as shown to clients.
+    pub attempt: WebhookAttempt,
+    /// When the next attempt is due (ms since the Unix epoch), for outcome `retry`.
+    pub next_attempt_ms: Option<i64>,
 }
 
 /// What recording a client's answers to a paused run did.
@@ -446,6 +482,7 @@ pub trait Store:
     + SnapshotStore
     + CompactionStore
     + RetentionStore
+    + WebhookStore
     + std::fmt::Debug
 {
 }
@@ -459,6 +496,7 @@ impl<T> Store for T where
         + SnapshotStore
         + CompactionStore
         + RetentionStore
+        + WebhookStore
         + std::fmt::Debug
 {
 }
@@ -756,14 +794,49 @@ pub trait CompactionStore: Send + Sync {
 /// SQL: `store/sql/retention.rs`.
 #[async_trait]
 pub trait RetentionStore: Send + Sync {
-    /// Removes the events, snapshots and recorded tool answers of up to `limit` runs that ended
-    /// before `ended_before` (one transaction) and marks them `events_removed_at`; returns how
+    /// Removes the events, snapshots, recorded tool answers and finished webhook deliveries of
+    /// up to `limit` runs that ended before `ended_before` (one transaction) and marks them `events_removed_at`; returns how
     /// many runs.
     async fn remove_expired_events(
         &self,
         ended_before: DateTime<Utc>,
         limit: u32,
     ) -> StoreResult<u32>;
+}
+
+/// The webhook outbox: deliveries written with the events that cause them
+/// ([`RunChange::webhook`]), claimed by one process's worker at a time, and their attempts.
+///
+/// SQL: `store/sql/webhooks.rs`.
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    /// Claims up to `limit` pending deliveries due at `now_ms` that no live claim holds, for
+    /// `owner` until `claim_until_ms` (rows another transaction holds are skipped, never
+    /// waited for: PostgreSQL `FOR UPDATE SKIP LOCKED`), earliest due first.
+    async fn claim_webhook_deliveries(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        claim_until_ms: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<ClaimedDelivery>>;
+
+    /// Records an attempt of a claimed delivery and what follows (delivered, another attempt
+    /// at `next_attempt_ms`, or failed), releasing the claim, in one transaction.
+    async fn record_webhook_attempt(
+        &self,
+        delivery_id: uuid::Uuid,
+        record: &AttemptRecord,
+    ) -> StoreResult<()>;
+
+    /// Releases `owner`'s claims of deliveries still pending (at its shutdown).
+    async fn release_webhook_claims(&self, owner: &str) -> StoreResult<()>;
+
+    /// How many deliveries are pending and when the earliest is due.
+    async fn webhook_outbox(&self) -> StoreResult<OutboxState>;
+
+    /// The run's deliveries with their attempts, oldest first.
+    async fn webhook_deliveries(&self, run_id: RunId) -> StoreResult<Vec<WebhookDelivery>>;
 }
 
 /// Opens the store a URL names, creating the SQLite file when missing, and applies migrations.

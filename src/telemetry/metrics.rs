@@ -74,6 +74,13 @@ pub const BREAKER_OPEN: &str = "behest_compaction_circuit_open";
 /// Consecutive failed compactions the circuit breaker has counted (read at each scrape).
 pub const BREAKER_FAILURES: &str = "behest_compaction_consecutive_failures";
 
+/// Webhook delivery attempts by `outcome` (`delivered`, `retry`: failed and scheduled again,
+/// `failed`: the schedule's last attempt failed).
+pub const WEBHOOK_DELIVERIES: &str = "behest_webhook_deliveries_total";
+/// Webhook deliveries pending in the outbox (of every process on the database), as this
+/// process's delivery worker last read it.
+pub const WEBHOOKS_PENDING: &str = "behest_webhook_deliveries_pending";
+
 /// Bucket bounds of the histograms in seconds: 1 ms to 5 min.
 const SECONDS_BUCKETS: [f64; 17] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -210,6 +217,11 @@ fn describe() {
     );
     describe_counter!(DOOM_LOOPS, "Doom loops detected");
     describe_counter!(COMPACTIONS, "Compactions attempted, by trigger and outcome");
+    describe_counter!(
+        WEBHOOK_DELIVERIES,
+        "Webhook delivery attempts, by outcome (delivered, retry, failed)"
+    );
+    describe_gauge!(WEBHOOKS_PENDING, "Webhook deliveries pending in the outbox");
     describe_gauge!(
         BREAKER_OPEN,
         "1 while the compaction circuit breaker is open"
@@ -350,4 +362,18 @@ pub fn compaction(trigger: &'static str, compacted: bool) {
 pub fn circuit_breaker(open: bool, consecutive_failures: u32) {
     ::metrics::gauge!(BREAKER_OPEN).set(if open { 1.0 } else { 0.0 });
     ::metrics::gauge!(BREAKER_FAILURES).set(f64::from(consecutive_failures));
+}
+
+/// A webhook delivery attempt ended with `outcome` (`delivered`, `retry`, `failed`).
+pub fn webhook_attempt(outcome: &'static str) {
+    ::metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => outcome).increment(1);
+}
+
+/// The webhook outbox holds `pending` deliveries not delivered or failed yet.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "a gauge of a count far below 2^52"
+)]
+pub fn webhooks_pending(pending: u64) {
+    ::metrics::gauge!(WEBHOOKS_PENDING).set(pending as f64);
 }

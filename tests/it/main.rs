@@ -93,3 +93,5 @@ mod tool_progress;
 mod tools;
 #[cfg(test)]
 mod trial_fixes;
+#[cfg(test)]
+mod webhooks;

@@ -2,7 +2,7 @@
 //! (fenced by the runs' leases), and reading the log back. The writes that belong to another
 //! concern are its helpers: `insert_message` (`sessions.rs`), `upsert_snapshot`
 //! (`snapshots.rs`), `insert_compaction_row` (`compaction.rs`), `update_run_progress`
-//! (`runs.rs`).
+//! (`runs.rs`), `insert_webhook_delivery` (`webhooks.rs`).
 
 use super::{corrupt, count, text, to_i64, to_json};
 use crate::domain::{RunId, RunStatus, TokenUsage};
@@ -266,6 +266,10 @@ macro_rules! impl_event_store {
                         .await?;
                     }
                     let Some(outcome) = &write.outcome else {
+                        // `tool_calls_required`'s delivery: the run as it waits.
+                        if let Some(due) = &change.webhook {
+                            Self::insert_webhook_delivery(&mut tx, write.run_id, due).await?;
+                        }
                         continue;
                     };
                     let error_class = outcome.error_class().map(|c| c.as_str());
@@ -296,6 +300,10 @@ macro_rules! impl_event_store {
                     .bind(error_class)
                     .execute(&mut *tx)
                     .await?;
+                    // The end's delivery: the run as it ended.
+                    if let Some(due) = &change.webhook {
+                        Self::insert_webhook_delivery(&mut tx, write.run_id, due).await?;
+                    }
                 }
                 // Watchers on other replicas are woken when the transaction commits.
                 let mut written: Vec<RunId> = stored.iter().map(|(write, _)| write.run_id).collect();

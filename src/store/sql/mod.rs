@@ -14,6 +14,7 @@
 //! - `snapshots.rs`: a run's state at its last iteration boundary.
 //! - `compaction.rs`: compactions, compaction settings and the circuit breaker.
 //! - `retention.rs`: removing the logs of runs that ended long ago.
+//! - `webhooks.rs`: the webhook outbox (deliveries, claims, attempts).
 
 mod actions;
 mod compaction;
@@ -23,6 +24,7 @@ mod retention;
 mod runs;
 mod sessions;
 mod snapshots;
+mod webhooks;
 
 use super::{StoreError, StoreResult};
 

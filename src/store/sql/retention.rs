@@ -1,4 +1,5 @@
-//! Retention: the events, snapshots and answers of runs that ended long ago, removed in batches.
+//! Retention: the events, snapshots, answers and finished webhook deliveries of runs that ended
+//! long ago, removed in batches.
 
 use crate::store::{PostgresStore, RetentionStore, SqliteStore, StoreResult};
 
@@ -29,6 +30,9 @@ macro_rules! impl_retention_store {
                     "DELETE FROM events WHERE run_id IN (",
                     "DELETE FROM snapshots WHERE run_id IN (",
                     "DELETE FROM action_answers WHERE run_id IN (",
+                    // Finished webhook deliveries (their attempts go with them); a pending one
+                    // stays until it is delivered or fails.
+                    "DELETE FROM webhook_deliveries WHERE status <> 'pending' AND run_id IN (",
                     "UPDATE runs SET events_removed_at = ",
                 ] {
                     let mut query = sqlx::QueryBuilder::<$db>::new(statement);

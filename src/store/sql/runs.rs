@@ -62,6 +62,7 @@ impl TryFrom<RunRow> for RunRecord {
             action_timeout_ms: definition.action_timeout_ms,
             doom_loop: definition.doom_loop,
             output_schema: definition.output_schema,
+            webhook: definition.webhook,
             required_action: row
                 .required_action
                 .map(|a| json("required_action", &a))

@@ -33,6 +33,7 @@ mod storage;
 mod throughput;
 mod tool_progress;
 mod watchers_per_core;
+mod webhooks;
 
 /// The model with the default profile (or the one given on the command line).
 pub const MODEL_DEFAULT: &str = "fake-model";
@@ -210,6 +211,8 @@ pub enum Figure {
     Compaction,
     /// Time to first token and gaps with API keys, metrics and OTLP tracing on vs off.
     Ops,
+    /// Time to first token and gaps of runs without a webhook, `[webhooks]` on vs off.
+    Webhooks,
     /// Request → `model_started` at a session's 1,000th turn against its first.
     LongSession,
     /// Server CPU per event in each `?format=` rendering against behest's own format.
@@ -540,6 +543,10 @@ pub async fn measure(ctx: &Ctx, db: &Database, figures: &[Figure]) -> Result<Vec
     if wants(Figure::Ops) {
         step("auth, metrics and tracing on vs off");
         rows.extend(ops::overhead(ctx).await?);
+    }
+    if wants(Figure::Webhooks) {
+        step("webhooks on vs off, runs without one");
+        rows.extend(webhooks::overhead(ctx).await?);
     }
     if wants(Figure::Replicas) && ctx.backend == Backend::Postgres {
         step("two replicas on one PostgreSQL");

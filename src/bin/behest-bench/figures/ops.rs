@@ -63,7 +63,7 @@ impl Drop for Sink {
 }
 
 /// A behest of its own: a fresh database, the bench's configuration plus `extra`.
-async fn start(ctx: &Ctx, name: &str, extra: &str) -> Result<(BehestProcess, Database)> {
+pub(super) async fn start(ctx: &Ctx, name: &str, extra: &str) -> Result<(BehestProcess, Database)> {
     let dir = ctx.dir.join(name);
     std::fs::create_dir_all(&dir)?;
     let db = Database::create(ctx.backend, &dir, &ctx.postgres_url).await?;

@@ -1,0 +1,296 @@
+//! The webhook outbox: a delivery written in the transaction of the event that causes it
+//! (`insert_webhook_delivery`, called by `events.rs`), claimed by a worker with a short claim
+//! that a dead process's expires, its attempts recorded, and a run's deliveries read back.
+
+use chrono::{DateTime, TimeZone, Utc};
+use uuid::Uuid;
+
+use super::runs::{RUN_COLUMNS, RunRow};
+use super::{corrupt, count, text, to_i64, to_json};
+use crate::domain::{
+    ClaimedDelivery, RunId, RunRecord, WebhookAttempt, WebhookAttemptOutcome, WebhookDelivery,
+    WebhookDeliveryStatus, WebhookEventType,
+};
+use crate::store::{
+    AttemptRecord, OutboxState, PostgresStore, SqliteStore, StoreResult, WebhookDue, WebhookStore,
+};
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    id: Uuid,
+    run_id: Uuid,
+    url: String,
+    payload: String,
+    attempts: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct DeliveryRow {
+    id: Uuid,
+    run_id: Uuid,
+    event_type: String,
+    url: String,
+    status: String,
+    created_ms: i64,
+    next_attempt_ms: i64,
+    finished_ms: Option<i64>,
+}
+
+#[derive(sqlx::FromRow)]
+struct AttemptRow {
+    delivery_id: Uuid,
+    attempt: i64,
+    started_ms: i64,
+    duration_ms: i64,
+    status_code: Option<i64>,
+    error: Option<String>,
+    outcome: String,
+}
+
+#[derive(sqlx::FromRow)]
+struct OutboxRow {
+    pending: i64,
+    next_due_ms: Option<i64>,
+}
+
+fn time(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms)
+        .single()
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+}
+
+/// The body of a delivery: the Standard Webhooks envelope around the run record.
+fn payload(due: &WebhookDue, run: &RunRecord) -> StoreResult<String> {
+    to_json(&serde_json::json!({
+        "type": due.event_type.as_str(),
+        "timestamp": time(due.due_ms),
+        "data": run,
+    }))
+}
+
+fn deliveries(
+    rows: Vec<DeliveryRow>,
+    attempts: Vec<AttemptRow>,
+) -> StoreResult<Vec<WebhookDelivery>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let status = WebhookDeliveryStatus::parse(&row.status)
+            .ok_or_else(|| corrupt("webhook delivery status", &row.status))?;
+        let mut delivery = WebhookDelivery {
+            id: row.id,
+            run_id: RunId(row.run_id),
+            event_type: WebhookEventType::parse(&row.event_type)
+                .ok_or_else(|| corrupt("webhook event type", &row.event_type))?,
+            url: row.url,
+            status,
+            created_at: time(row.created_ms),
+            next_attempt_at: (status == WebhookDeliveryStatus::Pending)
+                .then(|| time(row.next_attempt_ms)),
+            finished_at: row.finished_ms.map(time),
+            attempts: Vec::new(),
+        };
+        for attempt in attempts.iter().filter(|a| a.delivery_id == row.id) {
+            delivery.attempts.push(WebhookAttempt {
+                attempt: u32::try_from(attempt.attempt).unwrap_or(u32::MAX),
+                started_at: time(attempt.started_ms),
+                duration_ms: count(attempt.duration_ms),
+                status_code: attempt.status_code.and_then(|c| u16::try_from(c).ok()),
+                error: attempt.error.clone(),
+                outcome: WebhookAttemptOutcome::parse(&attempt.outcome)
+                    .ok_or_else(|| corrupt("webhook attempt outcome", &attempt.outcome))?,
+            });
+        }
+        out.push(delivery);
+    }
+    Ok(out)
+}
+
+/// Implements [`WebhookStore`] for a backend struct (see `sql/mod.rs`).
+macro_rules! impl_webhook_store {
+    ($store:ty, $db:ty) => {
+        #[async_trait::async_trait]
+        impl WebhookStore for $store {
+            async fn claim_webhook_deliveries(
+                &self,
+                owner: &str,
+                now_ms: i64,
+                claim_until_ms: i64,
+                limit: u32,
+            ) -> StoreResult<Vec<ClaimedDelivery>> {
+                let mut tx = self.begin_write().await?;
+                // Rows another replica's transaction holds are skipped, not waited for.
+                let candidates: Vec<Uuid> = sqlx::query_scalar(&format!(
+                    "SELECT id FROM webhook_deliveries WHERE status = 'pending' \
+                     AND next_attempt_ms <= $1 \
+                     AND (locked_until_ms IS NULL OR locked_until_ms < $1) \
+                     ORDER BY next_attempt_ms LIMIT $2{}",
+                    Self::SKIP_LOCKED
+                ))
+                .bind(now_ms)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+                let mut claimed = Vec::with_capacity(candidates.len());
+                for id in candidates {
+                    // Re-checked under the row lock: a claim another replica won is skipped.
+                    let row: Option<ClaimRow> = sqlx::query_as(
+                        "UPDATE webhook_deliveries SET locked_by = $2, locked_until_ms = $3 \
+                         WHERE id = $1 AND status = 'pending' \
+                         AND (locked_until_ms IS NULL OR locked_until_ms < $4) \
+                         RETURNING id, run_id, url, payload, attempts",
+                    )
+                    .bind(id)
+                    .bind(owner)
+                    .bind(claim_until_ms)
+                    .bind(now_ms)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if let Some(row) = row {
+                        claimed.push(ClaimedDelivery {
+                            id: row.id,
+                            run_id: RunId(row.run_id),
+                            url: row.url,
+                            payload: row.payload,
+                            attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+                        });
+                    }
+                }
+                tx.commit().await?;
+                Ok(claimed)
+            }
+
+            async fn record_webhook_attempt(
+                &self,
+                delivery_id: Uuid,
+                record: &AttemptRecord,
+            ) -> StoreResult<()> {
+                let attempt = &record.attempt;
+                let started_ms = attempt.started_at.timestamp_millis();
+                let ended_ms = started_ms.saturating_add(to_i64(attempt.duration_ms));
+                let error = attempt.error.as_deref().map(text);
+                let status = match attempt.outcome {
+                    WebhookAttemptOutcome::Delivered => WebhookDeliveryStatus::Delivered,
+                    WebhookAttemptOutcome::Retry => WebhookDeliveryStatus::Pending,
+                    WebhookAttemptOutcome::Failed => WebhookDeliveryStatus::Failed,
+                };
+                let finished_ms = (status != WebhookDeliveryStatus::Pending).then_some(ended_ms);
+                let mut tx = self.begin_write().await?;
+                // A second process that attempted the same number (its claim had expired) adds
+                // nothing: the first record stands.
+                sqlx::query(
+                    "INSERT INTO webhook_attempts (delivery_id, attempt, started_ms, duration_ms, \
+                     status_code, error, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(delivery_id)
+                .bind(i64::from(attempt.attempt))
+                .bind(started_ms)
+                .bind(to_i64(attempt.duration_ms))
+                .bind(attempt.status_code.map(i64::from))
+                .bind(error.as_deref())
+                .bind(attempt.outcome.as_str())
+                .execute(&mut *tx)
+                .await?;
+                // A delivery already delivered (by another process's attempt) stays delivered.
+                sqlx::query(
+                    "UPDATE webhook_deliveries SET attempts = $2, status = $3, \
+                     next_attempt_ms = COALESCE($4, next_attempt_ms), locked_by = NULL, \
+                     locked_until_ms = NULL, last_status_code = $5, last_error = $6, \
+                     finished_ms = $7 WHERE id = $1 AND status = 'pending'",
+                )
+                .bind(delivery_id)
+                .bind(i64::from(attempt.attempt))
+                .bind(status.as_str())
+                .bind(record.next_attempt_ms)
+                .bind(attempt.status_code.map(i64::from))
+                .bind(error.as_deref())
+                .bind(finished_ms)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn release_webhook_claims(&self, owner: &str) -> StoreResult<()> {
+                sqlx::query(
+                    "UPDATE webhook_deliveries SET locked_by = NULL, locked_until_ms = NULL \
+                     WHERE locked_by = $1 AND status = 'pending'",
+                )
+                .bind(owner)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn webhook_outbox(&self) -> StoreResult<OutboxState> {
+                let row: OutboxRow = sqlx::query_as(
+                    "SELECT COUNT(*) AS pending, MIN(next_attempt_ms) AS next_due_ms \
+                     FROM webhook_deliveries WHERE status = 'pending'",
+                )
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(OutboxState {
+                    pending: count(row.pending),
+                    next_due_ms: row.next_due_ms,
+                })
+            }
+
+            async fn webhook_deliveries(&self, run_id: RunId) -> StoreResult<Vec<WebhookDelivery>> {
+                let rows: Vec<DeliveryRow> = sqlx::query_as(
+                    "SELECT id, run_id, event_type, url, status, created_ms, next_attempt_ms, \
+                     finished_ms FROM webhook_deliveries WHERE run_id = $1 ORDER BY id",
+                )
+                .bind(run_id.0)
+                .fetch_all(&self.pool)
+                .await?;
+                if rows.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let attempts: Vec<AttemptRow> = sqlx::query_as(
+                    "SELECT a.delivery_id, a.attempt, a.started_ms, a.duration_ms, a.status_code, \
+                     a.error, a.outcome FROM webhook_attempts a JOIN webhook_deliveries d \
+                     ON d.id = a.delivery_id WHERE d.run_id = $1 ORDER BY a.delivery_id, a.attempt",
+                )
+                .bind(run_id.0)
+                .fetch_all(&self.pool)
+                .await?;
+                deliveries(rows, attempts)
+            }
+        }
+
+        impl $store {
+            /// Writes the delivery `due` of `run_id` in the transaction of the event that
+            /// causes it; its payload holds the run record as the transaction leaves it.
+            pub(super) async fn insert_webhook_delivery(
+                connection: &mut <$db as sqlx::Database>::Connection,
+                run_id: RunId,
+                due: &WebhookDue,
+            ) -> StoreResult<()> {
+                let row: RunRow =
+                    sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"))
+                        .bind(run_id.0)
+                        .fetch_one(&mut *connection)
+                        .await?;
+                let run: RunRecord = row.try_into()?;
+                let body = payload(due, &run)?;
+                sqlx::query(
+                    "INSERT INTO webhook_deliveries (id, run_id, event_type, url, payload, \
+                     status, attempts, created_ms, next_attempt_ms) \
+                     VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6, $6)",
+                )
+                .bind(due.id)
+                .bind(run_id.0)
+                .bind(due.event_type.as_str())
+                .bind(&*due.url)
+                .bind(body)
+                .bind(due.due_ms)
+                .execute(&mut *connection)
+                .await?;
+                Ok(())
+            }
+        }
+    };
+}
+
+impl_webhook_store!(SqliteStore, sqlx::Sqlite);
+impl_webhook_store!(PostgresStore, sqlx::Postgres);
