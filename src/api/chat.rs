@@ -189,6 +189,7 @@ impl ClientAnswers {
 /// before; the runtime's answer errors (`missing_tool_calls`, …) with `field`.
 pub(super) async fn answer_pause(
     state: &AppState,
+    caller: Caller,
     run: &RunRecord,
     given: &ClientAnswers,
     field: &str,
@@ -227,7 +228,7 @@ pub(super) async fn answer_pause(
                 .filter_map(|call| {
                     given.find(run.id, &call.call_id).map(|answer| Answer {
                         call_id: call.call_id.clone(),
-                        answer: answer.clone(),
+                        answer: actions::sent_by(caller, answer.clone()),
                     })
                 })
                 .collect();
@@ -287,6 +288,8 @@ fn part_answers(parts: &[UiPart]) -> ClientAnswers {
                     ActionAnswer::Approval {
                         approve: approval.approved?,
                         reason: approval.reason.clone(),
+                        decided_by: None,
+                        api_key: None,
                     }
                 }
                 _ => return None,
@@ -437,7 +440,7 @@ pub async fn send_chat_message(
                 };
                 let run = chat_run(&state, &session, &raw).await?;
                 let given = part_answers(&last.parts);
-                let after = answer_pause(&state, &run, &given, "messages").await?;
+                let after = answer_pause(&state, caller, &run, &given, "messages").await?;
                 let permit = state.limits.open_watcher(caller)?;
                 let run = runs::load_run(&state, &run.id.to_string()).await?;
                 let mut response = formats::stream(&state, &run, format, Some(after), permit);
@@ -617,7 +620,9 @@ mod tests {
             answers.find(run, "call_3"),
             Some(&ActionAnswer::Approval {
                 approve: false,
-                reason: Some("no".to_owned())
+                reason: Some("no".to_owned()),
+                decided_by: None,
+                api_key: None,
             })
         );
         assert_eq!(answers.find(run, "call_4"), None, "not answered yet");

@@ -19,7 +19,8 @@ pub struct AiSdk {
     dialect: AiSdkDialect,
     run: RunContext,
     calls: Calls,
-    iteration: u32,
+    /// The sequence of the last `model_started`: the middle of its calls' namespaced ids.
+    model_call: u64,
     step_open: bool,
     text_open: Option<String>,
     reasoning_open: Option<String>,
@@ -35,7 +36,7 @@ impl AiSdk {
             dialect,
             run,
             calls: Calls::default(),
-            iteration: 0,
+            model_call: 0,
             step_open: false,
             text_open: None,
             reasoning_open: None,
@@ -107,10 +108,41 @@ impl Projection for AiSdk {
                 }},
             })),
             EventPayload::ModelStarted(started) => {
-                self.iteration = started.iteration;
+                self.model_call = seq;
                 self.close_step(&mut out);
                 self.step_open = true;
                 out.push(json!({"type": "start-step"}));
+                // The stored assistant message of this step, known before its first token
+                // (`GET /sessions/{id}/messages`; the UI message is the run's).
+                if let Some(message_id) = started.message_id {
+                    out.push(json!({
+                        "type": "data-behest-model-started",
+                        "data": {"messageId": message_id, "iteration": started.iteration},
+                        "transient": true,
+                    }));
+                }
+            }
+            EventPayload::ToolApprovalDecided(decided) => {
+                let id = self.calls.id(&self.run, self.model_call, &decided.call_id);
+                if let Some(call) = self.calls.get_mut(&decided.call_id) {
+                    call.decided = Some(decided.approved);
+                }
+                out.push(json!({
+                    "type": "data-behest-tool-approval-decided",
+                    "data": super::decision_notice(&event.payload, &id),
+                    "transient": true,
+                }));
+                if self.v7() {
+                    let mut chunk = json!({
+                        "type": "tool-approval-response",
+                        "approvalId": id,
+                        "approved": decided.approved,
+                    });
+                    if let Some(reason) = &decided.reason {
+                        chunk["reason"] = json!(reason);
+                    }
+                    out.push(chunk);
+                }
             }
             EventPayload::ReasoningDelta(delta) => {
                 if let Some(id) = self.text_open.take() {
@@ -146,7 +178,7 @@ impl Projection for AiSdk {
                 self.close_parts(&mut out);
                 let call = self.calls.start(
                     &self.run,
-                    self.iteration,
+                    self.model_call,
                     &started.call_id,
                     &started.tool_name,
                 );
@@ -159,7 +191,7 @@ impl Projection for AiSdk {
                 out.push(chunk);
             }
             EventPayload::ToolCallDelta(delta) => {
-                let id = self.calls.id(&self.run, self.iteration, &delta.call_id);
+                let id = self.calls.id(&self.run, self.model_call, &delta.call_id);
                 out.push(json!({
                     "type": "tool-input-delta",
                     "toolCallId": id,
@@ -173,7 +205,7 @@ impl Projection for AiSdk {
                     Some(info) => info.clone(),
                     None => self
                         .calls
-                        .start(&self.run, self.iteration, &call.id, &call.name)
+                        .start(&self.run, self.model_call, &call.id, &call.name)
                         .clone(),
                 };
                 let mut chunk = match &call.invalid_arguments {
@@ -199,7 +231,8 @@ impl Projection for AiSdk {
                 let v7 = self.v7();
                 if let Some(call) = self.calls.get_mut(&started.call_id) {
                     call.executing = true;
-                    if v7 && call.waits == Some(PendingKind::Approval) {
+                    // A log without `tool_approval_decided` (older versions): the start says it.
+                    if v7 && call.waits == Some(PendingKind::Approval) && call.decided.is_none() {
                         out.push(json!({
                             "type": "tool-approval-response",
                             "approvalId": call.id,
@@ -217,16 +250,19 @@ impl Projection for AiSdk {
                         self.calls
                             .start(
                                 &self.run,
-                                self.iteration,
+                                self.model_call,
                                 &finished.call_id,
                                 &finished.tool_name,
                             )
                             .clone()
                     });
-                let denied = call.waits == Some(PendingKind::Approval) && !call.executing;
+                let denied = call.decided == Some(false)
+                    || (call.decided.is_none()
+                        && call.waits == Some(PendingKind::Approval)
+                        && !call.executing);
                 let mut chunk = match &finished.result {
                     _ if denied => {
-                        if self.v7() {
+                        if self.v7() && call.decided.is_none() {
                             out.push(json!({
                                 "type": "tool-approval-response",
                                 "approvalId": call.id,
@@ -254,7 +290,7 @@ impl Projection for AiSdk {
             EventPayload::ToolCallsRequired(action) => {
                 self.close_parts(&mut out);
                 for pending in &action.tool_calls {
-                    let id = self.calls.id(&self.run, self.iteration, &pending.call_id);
+                    let id = self.calls.id(&self.run, self.model_call, &pending.call_id);
                     if let Some(call) = self.calls.get_mut(&pending.call_id) {
                         call.waits = Some(pending.kind);
                     }
