@@ -5,7 +5,7 @@
 //!
 //! A chat is a session, named by the chat id the client generated (the session's
 //! `external_id`, or one of behest's session ids). The UI message id of a run's answer is the
-//! run id, and tool call ids are namespaced (`<run_id>:<iteration>:<call_id>`, see
+//! run id, and tool call ids are namespaced (`<run_id>:<model call>:<call_id>`, see
 //! [`formats::split_tool_call_id`]); the answers a client posts come back under those ids.
 
 use axum::extract::{FromRequest, Request, State};

@@ -2,7 +2,8 @@
 //! `notes/frontend-protocols.md` §3.2, and the prelude a resumed stream begins with (§4).
 //!
 //! Ids: `threadId` and `runId` come from [`RunContext`]; the assistant message of a model call
-//! is `<run_id>:<sequence of its model_started>`, a reasoning message `<run_id>:r<sequence>`,
+//! is the id it is stored with (`model_started.message_id`; `<run_id>:<sequence of its
+//! model_started>` in logs of older versions), a reasoning message `<run_id>:r<sequence>`,
 //! a tool result message `<tool call id>:result`; tool call ids are namespaced
 //! ([`super::tool_call_id`]). The open step, reasoning span and message, text message and tool
 //! calls are tracked per frame ([`AgUi::observe`]), so a cut between two frames of one event

@@ -1,11 +1,15 @@
 //! behest's log as the AI SDK UI message stream (`useChat`, `readUIMessageStream`): the fold
 //! of the mapping in `notes/frontend-protocols.md` §3.1.
 //!
-//! One run is one UI message (`messageId` = run id); a step is one model call with its tool
-//! executions. Part ids are derived from the log: `t<seq>` / `r<seq>` for the text and reasoning
-//! part opened by the event of that sequence, and tool call ids are namespaced
-//! ([`super::tool_call_id`]). Dialect `v6` sends only chunks both `ai` 6 and `ai` 7 accept;
-//! `v7` adds `reset-step`, `tool-approval-response` and `finishReason: "interrupted"`.
+//! One run is one UI message (`messageId` = run id: `/chat` routes answers by it, and the
+//! session's stored messages carry their `run_id`); a step is one model call with its tool
+//! executions, opened by a transient `data-behest-model-started` part naming the assistant
+//! message the step is stored as (`model_started.message_id`). Part ids are derived from the
+//! log: `t<seq>` / `r<seq>` for the text and reasoning part opened by the event of that
+//! sequence, and tool call ids are namespaced ([`super::tool_call_id`]). Dialect `v6` sends only
+//! chunks both `ai` 6 and `ai` 7 accept; `v7` adds `reset-step`, `tool-approval-response` (from
+//! `tool_approval_decided`; from the execution or the denial in older logs) and
+//! `finishReason: "interrupted"`.
 
 use serde_json::{Value, json};
 
