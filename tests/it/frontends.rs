@@ -780,8 +780,87 @@ mod ids {
         server.stop().await;
     }
 
+    /// A `kill -9` while an approved tool runs: the process that takes the run over finds the
+    /// decision in the log and does not log it again (the execution it cut off is answered as
+    /// interrupted); the log folds.
+    async fn a_decision_is_logged_once_across_a_restart(backend: Backend) {
+        use crate::support::db::TestDb;
+        use crate::support::process::{ServerProcess, ToolServer, config_toml};
+        let Some(db) = TestDb::new(backend).await else {
+            return;
+        };
+        let fake = FakeOpenAi::start().await;
+        let tools = ToolServer::start().await;
+        let toml = config_toml(&fake.base_url(), &tools, "");
+        fake.push(Reply::sse(&tool_calls_stream(&[(
+            "call_1",
+            "slow",
+            json!({"marker": "held", "sleep_ms": 60_000}),
+        )])));
+        fake.push(Reply::sse(&text_stream(&["Done."])));
+        let mut first = ServerProcess::start("decision", &toml, &db.url).await;
+        let (status, _, created) = first
+            .post(
+                "/runs",
+                &json!({"provider": "fake", "model": "fake-model", "input": "go",
+                        "approval": ["slow"]}),
+            )
+            .await;
+        assert_eq!(status, 202, "{created}");
+        let run_id = created["run_id"].as_str().unwrap().to_owned();
+        let mut run = json!(null);
+        for _ in 0..400 {
+            run = first.get_json(&format!("/runs/{run_id}")).await;
+            if run["status"] == "requires_action" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let call_id = run["required_action"]["tool_calls"][0]["call_id"].clone();
+        let (status, _, answer) = first
+            .post(
+                &format!("/runs/{run_id}/approvals"),
+                &json!({"approvals": [{"call_id": call_id, "approve": true, "decided_by": "alice"}]}),
+            )
+            .await;
+        assert_eq!(status, 202, "{answer}");
+        for _ in 0..400 {
+            if tools.count("held") == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert_eq!(tools.count("held"), 1, "the approved tool runs");
+        first.kill().await;
+        tools.release();
+        let second = ServerProcess::start("decision-restarted", &toml, &db.url).await;
+        for _ in 0..400 {
+            run = second.get_json(&format!("/runs/{run_id}")).await;
+            if run["status"] == "completed" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert_eq!(run["status"], "completed", "{run}");
+        let response = second
+            .client
+            .get(second.url(&format!("/runs/{run_id}/events")))
+            .send()
+            .await
+            .unwrap();
+        let log = frames(response).await;
+        assert_eq!(of_type(&log, "run_resumed").len(), 1, "{log:?}");
+        let decided = of_type(&log, "tool_approval_decided");
+        assert_eq!(decided.len(), 1, "{log:?}");
+        assert_eq!(decided[0]["decided_by"], "alice");
+        assert_eq!(tools.count("held"), 1, "not executed again");
+        db.assert_logs_fold().await;
+        db.cleanup().await;
+    }
+
     on_both_backends!(
         approval_decisions_are_logged_with_who_decided,
-        a_provider_reusing_call_1_keeps_ids_unique_in_the_session
+        a_provider_reusing_call_1_keeps_ids_unique_in_the_session,
+        a_decision_is_logged_once_across_a_restart
     );
 }
