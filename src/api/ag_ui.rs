@@ -213,7 +213,7 @@ fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswe
 /// Run an AG-UI agent (`HttpAgent`'s `runAgent`).
 ///
 /// Takes a `RunAgentInput` and answers AG-UI 1.0 events (`data:` JSON, `id:` = the frame's
-/// cursor `N` or `N.j`, LF line endings): `RUN_STARTED` (`threadId` = the session id, `runId`
+/// cursor `N` or `N.j`, LF line endings): `RUN_STARTED` (`threadId` = the client's thread id, `runId`
 /// = the client's) … `RUN_FINISHED` or `RUN_ERROR`. A last `user` message starts a run in the
 /// thread's session; `tools` become the run's client tools, `forwardedProps` its other
 /// fields, `context` is appended to its instructions. A run that calls a client tool ends the
@@ -322,7 +322,7 @@ async fn agent_answer(
         let after = answer_pause(state, caller, &run, &given, "messages").await?;
         let permit = state.limits.open_watcher(caller)?;
         let run = runs::load_run(state, &run.id.to_string()).await?;
-        let mut response = formats::stream(state, &run, Format::AgUi, Some(after), permit);
+        let mut response = formats::stream(state, &run, Format::AgUi, Some(after), permit).await?;
         run_id_header(&mut response, &run.id.to_string());
         return Ok(response);
     }
@@ -385,7 +385,7 @@ async fn agent_answer(
     }
     let permit = state.limits.open_watcher(caller)?;
     let created = runs::start_run(state, caller, headers, fields).await?;
-    let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit);
+    let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit).await?;
     run_id_header(&mut response, &created.record.id.to_string());
     Ok(response)
 }

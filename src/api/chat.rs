@@ -428,7 +428,8 @@ pub async fn send_chat_message(
                 fields.input = Some(crate::domain::RunInput::Text(text));
                 let permit = state.limits.open_watcher(caller)?;
                 let created = runs::start_run(&state, caller, &headers, fields).await?;
-                let mut response = formats::stream(&state, &created.record, format, None, permit);
+                let mut response =
+                    formats::stream(&state, &created.record, format, None, permit).await?;
                 run_id_headers(&mut response, created.record.id);
                 Ok(response)
             }
@@ -443,7 +444,8 @@ pub async fn send_chat_message(
                 let after = answer_pause(&state, caller, &run, &given, "messages").await?;
                 let permit = state.limits.open_watcher(caller)?;
                 let run = runs::load_run(&state, &run.id.to_string()).await?;
-                let mut response = formats::stream(&state, &run, format, Some(after), permit);
+                let mut response =
+                    formats::stream(&state, &run, format, Some(after), permit).await?;
                 run_id_headers(&mut response, run.id);
                 Ok(response)
             }

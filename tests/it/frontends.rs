@@ -639,6 +639,9 @@ mod ids {
         )
         .await;
         let finished = of_type(&first, "RUN_FINISHED");
+        // The thread the client named is echoed by its own id.
+        assert_eq!(first[0]["threadId"], thread.as_str());
+        assert_eq!(finished[0]["threadId"], thread.as_str());
         let interrupt = finished[0]["outcome"]["interrupts"][0].clone();
         let bad = send(
             &server,
@@ -669,6 +672,7 @@ mod ids {
             .filter(|e| e["type"] == "CUSTOM" && e["name"] == "behest.tool_approval_decided")
             .collect();
         assert_eq!(custom.len(), 1, "{continued:?}");
+        assert_eq!(continued[0]["threadId"], thread.as_str());
         assert_eq!(custom[0]["value"]["decided_by"], "bob");
         assert_eq!(custom[0]["value"]["api_key"], 0);
         assert_eq!(custom[0]["value"]["toolCallId"], interrupt["toolCallId"]);
@@ -684,6 +688,18 @@ mod ids {
         run_until(&server, &run_id, &["completed"]).await;
         let log = events(&server, &run_id).await;
         assert_message_ids(&server, &log).await;
+        let replay = frames(
+            send(
+                &server,
+                KEYS[0],
+                reqwest::Method::GET,
+                &format!("/runs/{run_id}/events?format=ag-ui"),
+                None,
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(replay[0]["threadId"], thread.as_str());
         let mut text_ids: Vec<&Value> = of_type(&first, "TEXT_MESSAGE_START")
             .into_iter()
             .chain(of_type(&continued, "TEXT_MESSAGE_START"))

@@ -133,7 +133,8 @@ pub fn ag_ui_run_id(client_request_id: &str) -> Option<&str> {
 pub struct RunContext {
     /// The run.
     pub run_id: RunId,
-    /// AG-UI `threadId`: the session id.
+    /// AG-UI `threadId`: the client's own id of the session (its `external_id`, a thread
+    /// `POST /ag-ui` created from the client's `threadId`), else the session id.
     pub thread_id: String,
     /// AG-UI `runId`: the client's runId for a run started through `/ag-ui`
     /// (`client_request_id` = [`AG_UI_RUN_PREFIX`] + session id + `:` + runId), else the run id.
@@ -420,21 +421,31 @@ pub async fn respond(
         }
     }
     let permit = state.limits.open_watcher(caller)?;
-    Ok(stream(state, record, format, after, permit))
+    stream(state, record, format, after, permit).await
 }
 
 /// The event stream of run `record` in `format` after `after`, for a caller already admitted
 /// (`permit`). `Format::Behest` is rendered as AI SDK v6 here: callers serve behest's own
 /// format themselves (`runs.rs`).
-pub fn stream(
+///
+/// # Errors
+/// The store's, reading the run's session (AG-UI's `threadId`).
+pub async fn stream(
     state: &AppState,
     record: &RunRecord,
     format: Format,
     after: Option<Cursor>,
     permit: WatcherPermit,
-) -> Response {
-    let run = RunContext::new(record, state.runtime.tools());
-    match format {
+) -> Result<Response, ApiError> {
+    let mut run = RunContext::new(record, state.runtime.tools());
+    if format == Format::AgUi
+        && let Some(session) = state.runtime.store().get_session(record.session_id).await?
+        && let Some(external_id) = session.external_id
+    {
+        // A thread the client named by its own id is echoed by that id.
+        run.thread_id = external_id;
+    }
+    Ok(match format {
         Format::AgUi => pump(
             state,
             record.id,
@@ -460,7 +471,7 @@ pub fn stream(
             Renderer::new(AiSdk::new(run, AiSdkDialect::V6), after),
             permit,
         ),
-    }
+    })
 }
 
 /// Why a projected stream was aborted rather than ended.
