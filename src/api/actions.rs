@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::auth::Caller;
 use super::extract::{Body, Json};
 use super::{ApiError, AppState, Problem};
 use crate::domain::{ActionAnswer, PendingKind, RunId, RunRecord};
@@ -77,6 +78,12 @@ pub struct Approval {
     #[serde(default)]
     #[schema(pattern = r"^[^\u0000]*$")]
     pub reason: Option<String>,
+    /// Who decided (a person's name or an id of your app's, 1 to 255 characters, no U+0000):
+    /// kept as `decided_by` of the `tool_approval_decided` event, as given (behest does not
+    /// check it; the event's `api_key` names the key that sent it).
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 255, pattern = r"^[^\u0000]*$")]
+    pub decided_by: Option<String>,
 }
 
 impl Body for ToolOutputsRequest {
@@ -91,8 +98,9 @@ impl Body for ToolOutputsRequest {
 impl Body for ApprovalsRequest {
     const FIELDS: &'static [&'static str] = &["approvals"];
     fn expectation(field: &str) -> Option<&'static str> {
-        (field == "approvals")
-            .then_some("must be an array of {\"call_id\", \"approve\", \"reason\"?} objects")
+        (field == "approvals").then_some(
+            "must be an array of {\"call_id\", \"approve\", \"reason\"?, \"decided_by\"?} objects",
+        )
     }
 }
 
@@ -110,6 +118,37 @@ fn no_nul(field: &str, values: &[&str]) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// `answer` as sent by `caller`: an approval records the position of the API key that
+/// authenticated it (`tool_approval_decided.api_key`).
+pub(super) fn sent_by(caller: Caller, answer: ActionAnswer) -> ActionAnswer {
+    match answer {
+        ActionAnswer::Approval {
+            approve,
+            reason,
+            decided_by,
+            ..
+        } => ActionAnswer::Approval {
+            approve,
+            reason,
+            decided_by,
+            api_key: caller.0.and_then(|index| u32::try_from(index).ok()),
+        },
+        other => other,
+    }
+}
+
+/// Checks a `decided_by` a client sent: 1 to 255 characters, no U+0000 (422 `invalid_field`
+/// naming `field`).
+pub(super) fn check_decided_by(field: &str, decided_by: Option<&str>) -> Result<(), ApiError> {
+    match decided_by {
+        Some(name) if name.is_empty() || name.chars().count() > 255 => {
+            Err(invalid(field, "`decided_by` must be 1 to 255 characters"))
+        }
+        Some(name) => no_nul(field, &[name]),
+        None => Ok(()),
+    }
 }
 
 /// The problem for an [`AnswerError`]; the errors about one call name `field`, the body's
@@ -221,14 +260,17 @@ pub async fn submit_tool_outputs(
 /// `requires_approval` (or listed in a run's `approval`) pause the run in `requires_action`
 /// before they execute; post every `approval` call's decision here in one request. An approved
 /// call executes as usual; a rejected one is not executed and the model sees a `Failure`
-/// "rejected by the user: <reason>".
+/// "rejected by the user: <reason>". Once the run has every answer it waited for, it logs each
+/// decision as a `tool_approval_decided` event (`approved`, `reason`, the optional
+/// `decided_by` given here, and `api_key`, the position of the key that sent it), so a replay
+/// shows who decided what.
 ///
 /// ```sh
 /// RUN=$(curl -s localhost:8080/runs -H 'content-type: application/json' \
 ///   -d '{"provider": "demo", "model": "demo", "input": "What time is it?", "approval": ["current_time"]}' \
 ///   | sed -E 's/.*"run_id":"([^"]+)".*/\1/')
 /// curl -s localhost:8080/runs/$RUN/approvals -H 'content-type: application/json' \
-///   -d '{"approvals": [{"call_id": "call_1", "approve": true}]}'
+///   -d '{"approvals": [{"call_id": "call_1", "approve": true, "decided_by": "alice"}]}'
 /// ```
 #[utoipa::path(post, path = "/runs/{run_id}/approvals", tag = "runs",
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
@@ -244,6 +286,7 @@ pub async fn submit_tool_outputs(
     ))]
 pub async fn submit_approvals(
     State(state): State<AppState>,
+    caller: Caller,
     Path(run_id): Path<String>,
     Json(body): Json<ApprovalsRequest>,
 ) -> Result<Response, ApiError> {
@@ -256,12 +299,18 @@ pub async fn submit_approvals(
                 approval.reason.as_deref().unwrap_or_default(),
             ],
         )?;
+        check_decided_by("approvals", approval.decided_by.as_deref())?;
         answers.push(Answer {
             call_id: approval.call_id,
-            answer: ActionAnswer::Approval {
-                approve: approval.approve,
-                reason: approval.reason,
-            },
+            answer: sent_by(
+                caller,
+                ActionAnswer::Approval {
+                    approve: approval.approve,
+                    reason: approval.reason,
+                    decided_by: approval.decided_by,
+                    api_key: None,
+                },
+            ),
         });
     }
     answer(&state, &run_id, "approvals", PendingKind::Approval, answers).await

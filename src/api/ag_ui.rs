@@ -100,7 +100,9 @@ pub struct AgUiResume {
     pub interrupt_id: String,
     /// `resolved` or `cancelled`.
     pub status: String,
-    /// For an approval: `{approved: boolean, reason?: string}`.
+    /// For an approval: `{approved: boolean, reason?: string, decidedBy?: string}`
+    /// (`decidedBy`: who decided, 1 to 255 characters, kept unchecked as `decided_by` of the
+    /// `tool_approval_decided` event).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub payload: Option<Value>,
@@ -191,9 +193,18 @@ fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswe
             .and_then(Value::as_str)
             .map(str::to_owned)
             .or_else(|| (entry.status == "cancelled").then(|| "cancelled".to_owned()));
+        let decided_by = payload
+            .and_then(|p| p.get("decidedBy"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         (
             entry.interrupt_id.clone(),
-            ActionAnswer::Approval { approve, reason },
+            ActionAnswer::Approval {
+                approve,
+                reason,
+                decided_by,
+                api_key: None,
+            },
         )
     }));
     ClientAnswers { answers }
@@ -202,7 +213,7 @@ fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswe
 /// Run an AG-UI agent (`HttpAgent`'s `runAgent`).
 ///
 /// Takes a `RunAgentInput` and answers AG-UI 1.0 events (`data:` JSON, `id:` = the frame's
-/// cursor `N` or `N.j`, LF line endings): `RUN_STARTED` (`threadId` = the session id, `runId`
+/// cursor `N` or `N.j`, LF line endings): `RUN_STARTED` (`threadId` = the client's thread id, `runId`
 /// = the client's) … `RUN_FINISHED` or `RUN_ERROR`. A last `user` message starts a run in the
 /// thread's session; `tools` become the run's client tools, `forwardedProps` its other
 /// fields, `context` is appended to its instructions. A run that calls a client tool ends the
@@ -303,10 +314,15 @@ async fn agent_answer(
                  of the thread that waits for tool outputs or approvals",
             ));
         };
-        let after = answer_pause(state, &run, &given, "messages").await?;
+        for (_, answer) in &given.answers {
+            if let ActionAnswer::Approval { decided_by, .. } = answer {
+                super::actions::check_decided_by("resume", decided_by.as_deref())?;
+            }
+        }
+        let after = answer_pause(state, caller, &run, &given, "messages").await?;
         let permit = state.limits.open_watcher(caller)?;
         let run = runs::load_run(state, &run.id.to_string()).await?;
-        let mut response = formats::stream(state, &run, Format::AgUi, Some(after), permit);
+        let mut response = formats::stream(state, &run, Format::AgUi, Some(after), permit).await?;
         run_id_header(&mut response, &run.id.to_string());
         return Ok(response);
     }
@@ -369,7 +385,7 @@ async fn agent_answer(
     }
     let permit = state.limits.open_watcher(caller)?;
     let created = runs::start_run(state, caller, headers, fields).await?;
-    let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit);
+    let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit).await?;
     run_id_header(&mut response, &created.record.id.to_string());
     Ok(response)
 }

@@ -5,7 +5,7 @@
 //!
 //! A chat is a session, named by the chat id the client generated (the session's
 //! `external_id`, or one of behest's session ids). The UI message id of a run's answer is the
-//! run id, and tool call ids are namespaced (`<run_id>:<iteration>:<call_id>`, see
+//! run id, and tool call ids are namespaced (`<run_id>:<model call>:<call_id>`, see
 //! [`formats::split_tool_call_id`]); the answers a client posts come back under those ids.
 
 use axum::extract::{FromRequest, Request, State};
@@ -231,6 +231,7 @@ impl ClientAnswers {
 /// before; the runtime's answer errors (`missing_tool_calls`, …) with `field`.
 pub(super) async fn answer_pause(
     state: &AppState,
+    caller: Caller,
     run: &RunRecord,
     given: &ClientAnswers,
     field: &str,
@@ -269,7 +270,7 @@ pub(super) async fn answer_pause(
                 .filter_map(|call| {
                     given.find(run.id, &call.call_id).map(|answer| Answer {
                         call_id: call.call_id.clone(),
-                        answer: answer.clone(),
+                        answer: actions::sent_by(caller, answer.clone()),
                     })
                 })
                 .collect();
@@ -349,6 +350,8 @@ fn part_answers(parts: &[UiPart]) -> ClientAnswers {
                     ActionAnswer::Approval {
                         approve: approval.approved?,
                         reason: approval.reason.clone(),
+                        decided_by: None,
+                        api_key: None,
                     }
                 }
                 _ => return None,
@@ -487,7 +490,8 @@ pub async fn send_chat_message(
                 fields.input = Some(crate::domain::RunInput::Text(text));
                 let permit = state.limits.open_watcher(caller)?;
                 let created = runs::start_run(&state, caller, &headers, fields).await?;
-                let mut response = formats::stream(&state, &created.record, format, None, permit);
+                let mut response =
+                    formats::stream(&state, &created.record, format, None, permit).await?;
                 run_id_headers(&mut response, created.record.id);
                 Ok(response)
             }
@@ -499,10 +503,11 @@ pub async fn send_chat_message(
                 };
                 let run = chat_run(&state, &session, &raw).await?;
                 let given = part_answers(&last.parts);
-                let after = answer_pause(&state, &run, &given, "messages").await?;
+                let after = answer_pause(&state, caller, &run, &given, "messages").await?;
                 let permit = state.limits.open_watcher(caller)?;
                 let run = runs::load_run(&state, &run.id.to_string()).await?;
-                let mut response = formats::stream(&state, &run, format, Some(after), permit);
+                let mut response =
+                    formats::stream(&state, &run, format, Some(after), permit).await?;
                 run_id_headers(&mut response, run.id);
                 Ok(response)
             }
@@ -679,7 +684,9 @@ mod tests {
             answers.find(run, "call_3"),
             Some(&ActionAnswer::Approval {
                 approve: false,
-                reason: Some("no".to_owned())
+                reason: Some("no".to_owned()),
+                decided_by: None,
+                api_key: None,
             })
         );
         assert_eq!(answers.find(run, "call_4"), None, "not answered yet");

@@ -214,7 +214,7 @@ pub async fn create_run_stream(
     // A retry with the same key attaches to the existing run's stream, from sequence 1.
     let mut response = match format {
         Format::Behest => event_stream(&state, created.record.id, 0, permit),
-        format => formats::stream(&state, &created.record, format, None, permit),
+        format => formats::stream(&state, &created.record, format, None, permit).await?,
     };
     response.headers_mut().extend(run_headers(&created)?);
     Ok(response)

@@ -407,6 +407,13 @@ pub enum ActionAnswer {
         /// Why, for a rejection the model sees.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// Who decided, as the request named them (unchecked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decided_by: Option<String>,
+        /// The position of the API key that authenticated the request, when the server has
+        /// keys.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        api_key: Option<u32>,
     },
 }
 

@@ -134,6 +134,9 @@ event_payloads! {
     /// `tool_execution_started` and `tool_execution_finished`), at most one per
     /// `runtime.tool_progress_interval_ms` per call.
     ToolProgress(ToolProgress) = "tool_progress",
+    /// A person approved or rejected a tool call the run waited for (`tool_calls_required`,
+    /// kind `approval`): who decided what, before the call executes or is answered rejected.
+    ToolApprovalDecided(ToolApprovalDecided) = "tool_approval_decided",
 }
 
 impl EventPayload {
@@ -227,6 +230,13 @@ pub struct ModelStarted {
     pub model: String,
     /// Iteration number, from 1.
     pub iteration: u32,
+    /// The id the call's assistant message gets when it is stored: the `message_id` of its
+    /// `assistant_message_committed` (also of the incomplete message a cancel or failure keeps
+    /// of its text), known from the call's first event. A call cut off by a crash and made
+    /// again after `run_resumed` gets a new id (nothing of the abandoned call is stored).
+    /// Absent in logs written by older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<MessageId>,
 }
 
 /// `text_delta` (proto `TextDeltaEvent`).
@@ -390,6 +400,34 @@ fn violations<'de, D: serde::Deserializer<'de>>(
             message,
         }],
     })
+}
+
+/// `tool_approval_decided`: the decision on one call that waited for approval, logged once the
+/// run has every answer it waited for, in the model's call order, before the calls execute
+/// (approved: `tool_execution_started` follows) or are answered (rejected: a
+/// `tool_execution_finished` with the `Failure` "rejected by the user…", never executed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolApprovalDecided {
+    /// The call decided on (`tool_calls_required.tool_calls[].call_id`).
+    pub call_id: String,
+    /// The tool's name.
+    pub tool_name: String,
+    /// `true`: the tool runs; `false`: it does not.
+    pub approved: bool,
+    /// Why, as the decision gave it (`POST /runs/{run_id}/approvals` `reason`, the AI SDK's
+    /// `approval.reason`, AG-UI's `payload.reason`); absent when none was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Who decided, as the request named them (`decided_by` of `POST /runs/{run_id}/approvals`,
+    /// `payload.decidedBy` of an AG-UI `resume` entry): the client's word, not checked by
+    /// behest; absent when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    /// The API key that authenticated the request carrying the decision: its position, from
+    /// 0, among the server's configured keys (`[auth] keys`, then `keys_env`'s); absent when
+    /// the server has no keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<u32>,
 }
 
 /// `run_failed` (proto `RunFailedEvent`), terminal.

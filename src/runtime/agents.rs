@@ -26,7 +26,9 @@ use crate::domain::{
     PendingToolCall, RequestProblem, RequiredAction, RunDefinition, RunId, RunRecord, RunStatus,
     RunTool, Session, SessionDefaults, SessionId, ToolCall, ToolChoice, ToolChoiceMode,
 };
-use crate::events::{EventPayload, ToolExecutionResult, ToolFailure, ToolSuccess};
+use crate::events::{
+    EventPayload, ToolApprovalDecided, ToolExecutionResult, ToolFailure, ToolSuccess,
+};
 use crate::provider::{ModelRequest, ToolSpec};
 use crate::store::{RunChange, Signal, StoreError, SubmitOutcome};
 use crate::telemetry;
@@ -773,6 +775,7 @@ pub(super) async fn settle(
         gauge.outcome = Some("answered");
     }
     drop(gauge);
+    log_decisions(emitter, &action, &answers).await?;
     let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let budget = runtime.config().max_tool_output_bytes;
     for call in &action.tool_calls {
@@ -789,6 +792,58 @@ pub(super) async fn settle(
         decisions.insert(call.call_id.clone(), decision);
     }
     Ok(decisions)
+}
+
+/// Logs the approval decisions among `answers` (`tool_approval_decided`, in the action's call
+/// order, one transaction) that the run's log does not hold yet (a run resumed after logging
+/// them does not log them again). They move the run out of `requires_action`: every answer is
+/// in.
+async fn log_decisions(
+    emitter: &RunEmitter,
+    action: &RequiredAction,
+    answers: &[(String, ActionAnswer)],
+) -> Result<(), LogError> {
+    let logged = emitter
+        .trail()
+        .turn()
+        .map(|turn| turn.decisions.clone())
+        .unwrap_or_default();
+    let events: Vec<(EventPayload, RunChange)> = action
+        .tool_calls
+        .iter()
+        .filter(|call| call.kind == PendingKind::Approval)
+        .filter(|call| !logged.iter().any(|(id, _)| *id == call.call_id))
+        .filter_map(|call| {
+            let (_, answer) = answers.iter().find(|(id, _)| *id == call.call_id)?;
+            let ActionAnswer::Approval {
+                approve,
+                reason,
+                decided_by,
+                api_key,
+            } = answer
+            else {
+                return None;
+            };
+            Some((
+                EventPayload::ToolApprovalDecided(ToolApprovalDecided {
+                    call_id: call.call_id.clone(),
+                    tool_name: call.tool_name.clone(),
+                    approved: *approve,
+                    reason: reason.clone(),
+                    decided_by: decided_by.clone(),
+                    api_key: *api_key,
+                }),
+                RunChange {
+                    status: Some(RunStatus::WaitingForTools),
+                    ..RunChange::default()
+                },
+            ))
+        })
+        .collect();
+    if !events.is_empty() {
+        emitter.emit_all(events).await?;
+    }
+    Ok(())
 }
 
 /// Whether every call of the action has an answer.

@@ -512,6 +512,10 @@ pub(super) async fn keep_cut_off_text(
         Vec::new(),
     );
     message.status = MessageStatus::Incomplete;
+    // The id the call announced in its `model_started`, when it did (older logs: a new one).
+    if let Some(id) = trail.cut_off_call().and_then(|call| call.message_id) {
+        message.id = id;
+    }
     emitter
         .emit_with(
             EventPayload::AssistantMessageCommitted(MessageCommitted {

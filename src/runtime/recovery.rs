@@ -460,6 +460,7 @@ mod tests {
                 provider: "demo".to_owned(),
                 model: "demo".to_owned(),
                 iteration: 1,
+                message_id: None,
             }),
             EventPayload::TextDelta(TextDelta {
                 delta: "Hel".to_owned(),

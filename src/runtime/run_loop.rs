@@ -385,11 +385,15 @@ async fn iterate(
         )
         .await?;
         let mut events = std::mem::take(&mut preamble);
+        // The id the call's assistant message is stored with, announced up front so a
+        // frontend knows it from the call's first event.
+        let message_id = MessageId::new();
         events.push((
             EventPayload::ModelStarted(ModelStarted {
                 provider: record.provider.clone(),
                 model: record.model.clone(),
                 iteration,
+                message_id: Some(message_id),
             }),
             // The call counts as an iteration from its start, whether or not it completes; the
             // boundary's snapshot is written with it.
@@ -457,6 +461,7 @@ async fn iterate(
         };
         let mut assistant =
             tool_exec::new_message(record, Role::Assistant, content, turn.tool_calls.clone());
+        assistant.id = message_id;
         assistant.reasoning = turn.reasoning;
         let committed = RunChange {
             status: Some(RunStatus::Persisting),
@@ -473,7 +478,6 @@ async fn iterate(
                 committed,
             )
             .await?;
-        let message_id = assistant.id;
         progress.context.push(assistant);
 
         if turn.tool_calls.is_empty() {

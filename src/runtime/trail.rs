@@ -8,7 +8,8 @@
 //! The fold follows one iteration of the run loop: `model_started`, what the call streams
 //! (`model_retrying` and a reactive `context_compacted` before any output; text, reasoning and
 //! tool calls; `usage_recorded`, `cache_metrics`), `assistant_message_committed`, then the
-//! turn's tool work (`doom_loop_detected`, `tool_calls_required`, executions, tool messages).
+//! turn's tool work (`doom_loop_detected`, `tool_calls_required`, `tool_approval_decided`,
+//! executions, tool messages).
 //! A compaction (`context_compaction_started`, then `context_compacted` when it succeeds) comes
 //! where a compaction may: before a call, or after a call's rejection as too long; one cut off
 //! by the run's end is closed by its summariser's estimated `usage_recorded`.
@@ -17,7 +18,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::{MessageId, RequiredAction, RunEnd, RunId};
+use crate::domain::{MessageId, PendingKind, RequiredAction, RunEnd, RunId};
 use crate::events::{AgentEvent, EventPayload, ToolExecutionResult};
 use crate::store::{Store, StoreError};
 
@@ -134,6 +135,9 @@ pub struct Turn {
     pub doom_loop: Option<String>,
     /// The calls the turn paused for (`tool_calls_required`).
     pub required_action: Option<RequiredAction>,
+    /// The approval decisions logged (`tool_approval_decided`): `(call id, approved)`, in
+    /// order.
+    pub decisions: Vec<(String, bool)>,
     /// Its answer did not match the run's `output_schema` (`output_rejected`): a corrective
     /// user message follows it and the model is called again.
     pub output_rejected: bool,
@@ -146,6 +150,9 @@ pub struct ModelCall {
     pub sequence: u64,
     /// Its iteration, from 1.
     pub iteration: u32,
+    /// The id its assistant message is stored with (`model_started.message_id`; `None` in
+    /// logs of older versions).
+    pub message_id: Option<MessageId>,
     /// Where it is.
     pub phase: CallPhase,
     /// The answer text streamed (`text_delta`s).
@@ -454,6 +461,7 @@ impl RunTrail {
                 self.call = Some(ModelCall {
                     sequence,
                     iteration: started.iteration,
+                    message_id: started.message_id,
                     phase: CallPhase::Streaming,
                     text: String::new(),
                     reasoning: String::new(),
@@ -558,6 +566,14 @@ impl RunTrail {
                 if let Some(open) = call.open_calls().next() {
                     return Err(format!("comes while call `{}` is not completed", open.id));
                 }
+                if let Some(announced) = call.message_id
+                    && announced != committed.message_id
+                {
+                    return Err(format!(
+                        "commits message {}, not {announced}, the one its model_started announced",
+                        committed.message_id
+                    ));
+                }
                 call.phase = CallPhase::Committed;
                 call.turn.message_id = Some(committed.message_id);
             }
@@ -577,6 +593,42 @@ impl RunTrail {
                     return Err(format!("names call `{}`, not the turn's", pending.call_id));
                 }
                 call.turn.required_action = Some(action.clone());
+            }
+            EventPayload::ToolApprovalDecided(decided) => {
+                let call = self.committed()?;
+                let waits = call.turn.required_action.as_ref().is_some_and(|action| {
+                    action.tool_calls.iter().any(|pending| {
+                        pending.call_id == decided.call_id && pending.kind == PendingKind::Approval
+                    })
+                });
+                if !waits {
+                    return Err(format!(
+                        "decides call `{}`, which the turn does not wait an approval for",
+                        decided.call_id
+                    ));
+                }
+                if call
+                    .turn
+                    .decisions
+                    .iter()
+                    .any(|(id, _)| *id == decided.call_id)
+                {
+                    return Err(format!("decides call `{}` a second time", decided.call_id));
+                }
+                if call
+                    .turn
+                    .executions
+                    .iter()
+                    .any(|execution| execution.call_id == decided.call_id)
+                {
+                    return Err(format!(
+                        "decides call `{}` after its execution or result",
+                        decided.call_id
+                    ));
+                }
+                call.turn
+                    .decisions
+                    .push((decided.call_id.clone(), decided.approved));
             }
             EventPayload::OutputRejected(rejected) => {
                 let call = self

@@ -266,7 +266,7 @@ const runs = {
     body: { provider: "demo", model: "demo", input: "What time is it?", approval: ["current_time"] },
     answer: (runId, action) =>
       api("POST", `/runs/${runId}/approvals`, {
-        approvals: action.tool_calls.map((c) => ({ call_id: c.call_id, approve: true })),
+        approvals: action.tool_calls.map((c) => ({ call_id: c.call_id, approve: true, decided_by: "alice" })),
       }),
   },
 };
@@ -311,6 +311,11 @@ for (const [name, run] of Object.entries(runs)) {
     const { message, cuts } = await aiSdk(lib, format, live.runId, live.segments);
     same(`${name} ${format} message id`, message.id, live.runId);
     same(`${name} ${format} message`, fromUi(message), expected(live.output));
+    if (name === "approval" && format === "ai-sdk-v7") {
+      // The logged decision reaches ai 7's tool part as its approval response.
+      const part = message.parts.find((p) => p.type === "tool-current_time");
+      same(`${name} ${format} approval`, part?.approval?.approved, true);
+    }
     if (live.segments.length === 1) {
       // The README's snippet, as written (but for the base URL and the format).
       const transport = new lib.DefaultChatTransport({
@@ -328,6 +333,8 @@ for (const [name, run] of Object.entries(runs)) {
   const all = live.segments.flatMap((s) => s.frames);
   const end = all.filter((f) => f.id).at(-1).id;
   const want = expected(live.output);
+  const history = await api("GET", `/sessions/${live.sessionId}/messages`);
+  const stored = history.messages.filter((m) => m.run_id === live.runId).map((m) => m.id);
   // Read whole, then with every response cut after k frames past its prelude (k = 1, 2, 3…).
   let reads = 0;
   for (const k of [Infinity, 1, 2, 3, 5, 8]) {
@@ -336,6 +343,12 @@ for (const [name, run] of Object.entries(runs)) {
       return Math.min(list.length, prelude + k);
     });
     same(`${name} ag-ui cut every ${k}`, fromAgUi(messages), want);
+    // Its assistant messages carry the ids behest stores them with.
+    const assistants = messages.filter((m) => m.role === "assistant").map((m) => m.id);
+    if (assistants.length === 0) throw new Error(`${name} ag-ui: no assistant message`);
+    for (const id of assistants) {
+      if (!stored.includes(id)) throw new Error(`${name} ag-ui: message ${id} is not among the stored ${stored}`);
+    }
     reads++;
   }
   report.push(`${name} ag-ui: ${live.segments.length} segment(s), ${all.length} frames, ${reads} cut patterns`);

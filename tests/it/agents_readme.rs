@@ -84,6 +84,10 @@ async fn the_client_tool_and_approval_round_trips_run_against_the_demo() {
         out.contains(r#""result":{"Failure":{"error":"rejected by the user: not now"}}"#),
         "{out}"
     );
+    assert!(
+        out.contains(r#""type":"tool_approval_decided","call_id":"call_1","tool_name":"current_time","approved":false,"reason":"not now","decided_by":"alice"}"#),
+        "{out}"
+    );
 
     let out = run(&block("### Sessions", 0), &host).await;
     assert!(

@@ -22,14 +22,14 @@ fn event_schema_is_a_discriminated_one_of_of_named_variants() {
     let variants = event["oneOf"].as_array().unwrap();
     assert_eq!(
         variants.len(),
-        26,
+        27,
         "one component per AgentEvent variant (the seed's 18, reasoning_delta, model_retrying, \
-         run_resumed, tool_calls_required, context_compacted, context_compaction_started, output_rejected, \
-         tool_progress)"
+         run_resumed, tool_calls_required, context_compacted, context_compaction_started, \
+         output_rejected, tool_progress, tool_approval_decided)"
     );
     assert_eq!(event["discriminator"]["propertyName"], "type");
     let mapping = event["discriminator"]["mapping"].as_object().unwrap();
-    assert_eq!(mapping.len(), 26);
+    assert_eq!(mapping.len(), 27);
     for (tag, reference) in mapping {
         let name = reference
             .as_str()

@@ -308,6 +308,7 @@ async fn leave_a_crashed_run(store: &Arc<dyn Store>, session: SessionId) -> (Run
             provider: "fake".to_owned(),
             model: "fake-model".to_owned(),
             iteration: 1,
+            message_id: None,
         }),
         EventPayload::ToolCallStarted(ToolCallStarted {
             call_id: call.id.clone(),

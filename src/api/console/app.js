@@ -15,6 +15,7 @@ const EVENT_TYPES = [
   'run_cancelled', 'doom_loop_detected', 'context_compacted', 'compaction_circuit_opened',
   'run_resumed', 'tool_calls_required', 'context_compaction_started', 'output_rejected',
   'tool_progress',
+  'tool_approval_decided',
 ];
 const TERMINAL = new Set(['run_completed', 'run_failed', 'run_cancelled']);
 
@@ -444,7 +445,7 @@ function actionForm(current, transcript, event) {
 
 function apply(current, transcript, event) {
   // The run went on: a form for its last wait has no use any more.
-  if (current.action && ['model_started', 'tool_execution_started', 'tool_execution_finished',
+  if (current.action && ['model_started', 'tool_approval_decided', 'tool_execution_started', 'tool_execution_finished',
     'run_completed', 'run_failed', 'run_cancelled'].includes(event.type)) {
     current.action.remove();
     current.action = null;
@@ -550,6 +551,14 @@ function apply(current, transcript, event) {
       current.bubble = null;
       note(transcript, 'muted', 'The server restarted; the run goes on.');
       break;
+    case 'tool_approval_decided': {
+      // Who decided what, also when the run is replayed later.
+      const who = [event.decided_by, event.api_key != null ? 'API key #' + event.api_key : null]
+        .filter((part) => part != null).join(', ');
+      note(transcript, event.approved ? 'muted' : 'error', (event.approved ? 'Approved: ' : 'Rejected: ')
+        + event.tool_name + (who ? ' by ' + who : '') + (event.reason ? ' (' + event.reason + ')' : ''));
+      break;
+    }
     case 'output_rejected':
       // The answer did not match the run's output_schema: the model is asked again.
       current.bubble = null;

@@ -2,7 +2,8 @@
 //! `notes/frontend-protocols.md` §3.2, and the prelude a resumed stream begins with (§4).
 //!
 //! Ids: `threadId` and `runId` come from [`RunContext`]; the assistant message of a model call
-//! is `<run_id>:<sequence of its model_started>`, a reasoning message `<run_id>:r<sequence>`,
+//! is the id it is stored with (`model_started.message_id`; `<run_id>:<sequence of its
+//! model_started>` in logs of older versions), a reasoning message `<run_id>:r<sequence>`,
 //! a tool result message `<tool call id>:result`; tool call ids are namespaced
 //! ([`super::tool_call_id`]). The open step, reasoning span and message, text message and tool
 //! calls are tracked per frame ([`AgUi::observe`]), so a cut between two frames of one event
@@ -179,7 +180,8 @@ struct Open {
 pub struct AgUi {
     run: RunContext,
     calls: Calls,
-    iteration: u32,
+    /// The sequence of the last `model_started`: the middle of its calls' namespaced ids.
+    model_call: u64,
     /// The current model call's assistant message id.
     message_id: String,
     /// Calls whose arguments went out as `TOOL_CALL_ARGS`.
@@ -195,7 +197,7 @@ impl AgUi {
         Self {
             run,
             calls: Calls::default(),
-            iteration: 0,
+            model_call: 0,
             message_id,
             args_sent: Vec::new(),
             open: Open::default(),
@@ -291,7 +293,7 @@ impl AgUi {
         self.close_reasoning(out);
         let id = self
             .calls
-            .start(&self.run, self.iteration, call_id, tool_name)
+            .start(&self.run, self.model_call, call_id, tool_name)
             .id
             .clone();
         self.push(
@@ -327,8 +329,11 @@ impl Projection for AgUi {
             }
             EventPayload::ModelStarted(started) => {
                 self.close_all(&mut out);
-                self.iteration = started.iteration;
-                self.message_id = format!("{}:{seq}", self.run.run_id);
+                self.model_call = seq;
+                // The id the call's assistant message is stored with (older logs: derived).
+                self.message_id = started
+                    .message_id
+                    .map_or_else(|| format!("{}:{seq}", self.run.run_id), |id| id.to_string());
                 self.push(
                     &mut out,
                     AgUiEvent::StepStarted {
@@ -388,7 +393,7 @@ impl Projection for AgUi {
                 self.start_call(&mut out, &started.call_id, &started.tool_name);
             }
             EventPayload::ToolCallDelta(delta) if !delta.delta.is_empty() => {
-                let id = self.calls.id(&self.run, self.iteration, &delta.call_id);
+                let id = self.calls.id(&self.run, self.model_call, &delta.call_id);
                 if self.open.calls.iter().any(|(open, _, _)| *open == id) {
                     self.args_sent.push(id.clone());
                     self.push(
@@ -441,7 +446,7 @@ impl Projection for AgUi {
                 });
                 if !client {
                     let id = call.map_or_else(
-                        || self.calls.id(&self.run, self.iteration, &finished.call_id),
+                        || self.calls.id(&self.run, self.model_call, &finished.call_id),
                         |call| call.id,
                     );
                     let content = match &finished.result {
@@ -469,7 +474,7 @@ impl Projection for AgUi {
                 let mut ids = Vec::new();
                 for pending in &action.tool_calls {
                     ids.push((
-                        self.calls.id(&self.run, self.iteration, &pending.call_id),
+                        self.calls.id(&self.run, self.model_call, &pending.call_id),
                         pending.kind,
                     ));
                     if let Some(call) = self.calls.get_mut(&pending.call_id) {
@@ -565,7 +570,7 @@ impl Projection for AgUi {
                 }
             }
             EventPayload::ToolProgress(progress) => {
-                let id = self.calls.id(&self.run, self.iteration, &progress.call_id);
+                let id = self.calls.id(&self.run, self.model_call, &progress.call_id);
                 self.push(
                     &mut out,
                     AgUiEvent::Custom {
@@ -576,6 +581,19 @@ impl Projection for AgUi {
                             "total": progress.total,
                             "message": progress.message,
                         }),
+                    },
+                );
+            }
+            EventPayload::ToolApprovalDecided(decided) => {
+                let id = self.calls.id(&self.run, self.model_call, &decided.call_id);
+                if let Some(call) = self.calls.get_mut(&decided.call_id) {
+                    call.decided = Some(decided.approved);
+                }
+                self.push(
+                    &mut out,
+                    AgUiEvent::Custom {
+                        name: format!("behest.{}", event.payload.event_type()),
+                        value: super::decision_notice(&event.payload, &id),
                     },
                 );
             }

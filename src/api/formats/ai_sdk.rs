@@ -1,11 +1,15 @@
 //! behest's log as the AI SDK UI message stream (`useChat`, `readUIMessageStream`): the fold
 //! of the mapping in `notes/frontend-protocols.md` §3.1.
 //!
-//! One run is one UI message (`messageId` = run id); a step is one model call with its tool
-//! executions. Part ids are derived from the log: `t<seq>` / `r<seq>` for the text and reasoning
-//! part opened by the event of that sequence, and tool call ids are namespaced
-//! ([`super::tool_call_id`]). Dialect `v6` sends only chunks both `ai` 6 and `ai` 7 accept;
-//! `v7` adds `reset-step`, `tool-approval-response` and `finishReason: "interrupted"`.
+//! One run is one UI message (`messageId` = run id: `/chat` routes answers by it, and the
+//! session's stored messages carry their `run_id`); a step is one model call with its tool
+//! executions, opened by a transient `data-behest-model-started` part naming the assistant
+//! message the step is stored as (`model_started.message_id`). Part ids are derived from the
+//! log: `t<seq>` / `r<seq>` for the text and reasoning part opened by the event of that
+//! sequence, and tool call ids are namespaced ([`super::tool_call_id`]). Dialect `v6` sends only
+//! chunks both `ai` 6 and `ai` 7 accept; `v7` adds `reset-step`, `tool-approval-response` (from
+//! `tool_approval_decided`; from the execution or the denial in older logs) and
+//! `finishReason: "interrupted"`.
 
 use serde_json::{Value, json};
 
@@ -19,7 +23,8 @@ pub struct AiSdk {
     dialect: AiSdkDialect,
     run: RunContext,
     calls: Calls,
-    iteration: u32,
+    /// The sequence of the last `model_started`: the middle of its calls' namespaced ids.
+    model_call: u64,
     step_open: bool,
     text_open: Option<String>,
     reasoning_open: Option<String>,
@@ -35,7 +40,7 @@ impl AiSdk {
             dialect,
             run,
             calls: Calls::default(),
-            iteration: 0,
+            model_call: 0,
             step_open: false,
             text_open: None,
             reasoning_open: None,
@@ -107,10 +112,41 @@ impl Projection for AiSdk {
                 }},
             })),
             EventPayload::ModelStarted(started) => {
-                self.iteration = started.iteration;
+                self.model_call = seq;
                 self.close_step(&mut out);
                 self.step_open = true;
                 out.push(json!({"type": "start-step"}));
+                // The stored assistant message of this step, known before its first token
+                // (`GET /sessions/{id}/messages`; the UI message is the run's).
+                if let Some(message_id) = started.message_id {
+                    out.push(json!({
+                        "type": "data-behest-model-started",
+                        "data": {"messageId": message_id, "iteration": started.iteration},
+                        "transient": true,
+                    }));
+                }
+            }
+            EventPayload::ToolApprovalDecided(decided) => {
+                let id = self.calls.id(&self.run, self.model_call, &decided.call_id);
+                if let Some(call) = self.calls.get_mut(&decided.call_id) {
+                    call.decided = Some(decided.approved);
+                }
+                out.push(json!({
+                    "type": "data-behest-tool-approval-decided",
+                    "data": super::decision_notice(&event.payload, &id),
+                    "transient": true,
+                }));
+                if self.v7() {
+                    let mut chunk = json!({
+                        "type": "tool-approval-response",
+                        "approvalId": id,
+                        "approved": decided.approved,
+                    });
+                    if let Some(reason) = &decided.reason {
+                        chunk["reason"] = json!(reason);
+                    }
+                    out.push(chunk);
+                }
             }
             EventPayload::ReasoningDelta(delta) => {
                 if let Some(id) = self.text_open.take() {
@@ -146,7 +182,7 @@ impl Projection for AiSdk {
                 self.close_parts(&mut out);
                 let call = self.calls.start(
                     &self.run,
-                    self.iteration,
+                    self.model_call,
                     &started.call_id,
                     &started.tool_name,
                 );
@@ -159,7 +195,7 @@ impl Projection for AiSdk {
                 out.push(chunk);
             }
             EventPayload::ToolCallDelta(delta) => {
-                let id = self.calls.id(&self.run, self.iteration, &delta.call_id);
+                let id = self.calls.id(&self.run, self.model_call, &delta.call_id);
                 out.push(json!({
                     "type": "tool-input-delta",
                     "toolCallId": id,
@@ -173,7 +209,7 @@ impl Projection for AiSdk {
                     Some(info) => info.clone(),
                     None => self
                         .calls
-                        .start(&self.run, self.iteration, &call.id, &call.name)
+                        .start(&self.run, self.model_call, &call.id, &call.name)
                         .clone(),
                 };
                 let mut chunk = match &call.invalid_arguments {
@@ -199,7 +235,8 @@ impl Projection for AiSdk {
                 let v7 = self.v7();
                 if let Some(call) = self.calls.get_mut(&started.call_id) {
                     call.executing = true;
-                    if v7 && call.waits == Some(PendingKind::Approval) {
+                    // A log without `tool_approval_decided` (older versions): the start says it.
+                    if v7 && call.waits == Some(PendingKind::Approval) && call.decided.is_none() {
                         out.push(json!({
                             "type": "tool-approval-response",
                             "approvalId": call.id,
@@ -217,16 +254,19 @@ impl Projection for AiSdk {
                         self.calls
                             .start(
                                 &self.run,
-                                self.iteration,
+                                self.model_call,
                                 &finished.call_id,
                                 &finished.tool_name,
                             )
                             .clone()
                     });
-                let denied = call.waits == Some(PendingKind::Approval) && !call.executing;
+                let denied = call.decided == Some(false)
+                    || (call.decided.is_none()
+                        && call.waits == Some(PendingKind::Approval)
+                        && !call.executing);
                 let mut chunk = match &finished.result {
                     _ if denied => {
-                        if self.v7() {
+                        if self.v7() && call.decided.is_none() {
                             out.push(json!({
                                 "type": "tool-approval-response",
                                 "approvalId": call.id,
@@ -254,7 +294,7 @@ impl Projection for AiSdk {
             EventPayload::ToolCallsRequired(action) => {
                 self.close_parts(&mut out);
                 for pending in &action.tool_calls {
-                    let id = self.calls.id(&self.run, self.iteration, &pending.call_id);
+                    let id = self.calls.id(&self.run, self.model_call, &pending.call_id);
                     if let Some(call) = self.calls.get_mut(&pending.call_id) {
                         call.waits = Some(pending.kind);
                     }
@@ -327,7 +367,7 @@ impl Projection for AiSdk {
             // Not transient, with the call's id: each report replaces the last one in the
             // message, so a client shows the latest progress beside its tool part.
             EventPayload::ToolProgress(progress) => {
-                let id = self.calls.id(&self.run, self.iteration, &progress.call_id);
+                let id = self.calls.id(&self.run, self.model_call, &progress.call_id);
                 out.push(json!({
                     "type": format!("data-behest-{}", event.payload.event_type().replace('_', "-")),
                     "id": id,

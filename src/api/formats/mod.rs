@@ -90,22 +90,25 @@ impl Format {
     }
 }
 
-/// The namespaced id of the model's call `call_id` in `iteration` of run `run_id`, as both
-/// formats send it: `<run_id>:<iteration>:<call_id>`. Provider call ids are unique only within
-/// one model call (the demo model says `call_1` every turn); these are unique in a session.
+/// The namespaced id of the provider's call `call_id` made by the model call whose
+/// `model_started` has sequence `model_call` in run `run_id`, as both formats send it:
+/// `<run_id>:<model_call>:<call_id>`. Provider call ids are unique only within one model call
+/// (the demo model says `call_1` every turn, and a call made again after `run_resumed` says
+/// what the abandoned one said, in the same iteration); these are unique in a session.
 #[must_use]
-pub fn tool_call_id(run_id: RunId, iteration: u32, call_id: &str) -> String {
-    format!("{run_id}:{iteration}:{call_id}")
+pub fn tool_call_id(run_id: RunId, model_call: u64, call_id: &str) -> String {
+    format!("{run_id}:{model_call}:{call_id}")
 }
 
-/// The run, iteration and provider call id of a namespaced tool call id ([`tool_call_id`]);
-/// `None` when `id` is not one. The provider's id may itself contain `:`.
+/// The run, model call (the sequence of its `model_started`) and provider call id of a
+/// namespaced tool call id ([`tool_call_id`]); `None` when `id` is not one. The provider's id
+/// may itself contain `:`.
 #[must_use]
-pub fn split_tool_call_id(id: &str) -> Option<(RunId, u32, &str)> {
+pub fn split_tool_call_id(id: &str) -> Option<(RunId, u64, &str)> {
     let mut parts = id.splitn(3, ':');
     let run_id = parts.next()?.parse().ok()?;
-    let iteration = parts.next()?.parse().ok()?;
-    Some((run_id, iteration, parts.next()?))
+    let model_call = parts.next()?.parse().ok()?;
+    Some((run_id, model_call, parts.next()?))
 }
 
 /// The `client_request_id` prefix of a run started through `POST /ag-ui`: the rest is
@@ -130,7 +133,8 @@ pub fn ag_ui_run_id(client_request_id: &str) -> Option<&str> {
 pub struct RunContext {
     /// The run.
     pub run_id: RunId,
-    /// AG-UI `threadId`: the session id.
+    /// AG-UI `threadId`: the client's own id of the session (its `external_id`, a thread
+    /// `POST /ag-ui` created from the client's `threadId`), else the session id.
     pub thread_id: String,
     /// AG-UI `runId`: the client's runId for a run started through `/ag-ui`
     /// (`client_request_id` = [`AG_UI_RUN_PREFIX`] + session id + `:` + runId), else the run id.
@@ -204,17 +208,30 @@ pub(crate) struct CallInfo {
     pub waits: Option<PendingKind>,
     /// A `tool_execution_started` came (an approved call runs).
     pub executing: bool,
+    /// What its `tool_approval_decided` said (`None` before one, and in logs of older
+    /// versions, which have none).
+    pub decided: Option<bool>,
 }
 
 /// The run's tool calls by provider call id (the latest model call's, for a reused id).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Calls(HashMap<String, CallInfo>);
 
+/// A `tool_approval_decided` as both formats carry it to their own subscribers: the event's
+/// payload (behest's names, `type` included) and the call's namespaced `toolCallId`.
+fn decision_notice(payload: &EventPayload, tool_call_id: &str) -> serde_json::Value {
+    let mut value = serde_json::to_value(payload).unwrap_or_default();
+    if let Some(object) = value.as_object_mut() {
+        object.insert("toolCallId".to_owned(), tool_call_id.into());
+    }
+    value
+}
+
 impl Calls {
     fn start(
         &mut self,
         run: &RunContext,
-        iteration: u32,
+        model_call: u64,
         call_id: &str,
         tool_name: &str,
     ) -> &CallInfo {
@@ -226,11 +243,12 @@ impl Calls {
             CallKind::Server
         };
         let info = CallInfo {
-            id: tool_call_id(run.run_id, iteration, call_id),
+            id: tool_call_id(run.run_id, model_call, call_id),
             tool_name: tool_name.to_owned(),
             kind,
             waits: None,
             executing: false,
+            decided: None,
         };
         self.0.insert(call_id.to_owned(), info);
         &self.0[call_id]
@@ -244,10 +262,10 @@ impl Calls {
         self.0.get_mut(call_id)
     }
 
-    /// The namespaced id of a known call, or the one it has in `iteration`.
-    fn id(&self, run: &RunContext, iteration: u32, call_id: &str) -> String {
+    /// The namespaced id of a known call, or the one it has in model call `model_call`.
+    fn id(&self, run: &RunContext, model_call: u64, call_id: &str) -> String {
         self.0.get(call_id).map_or_else(
-            || tool_call_id(run.run_id, iteration, call_id),
+            || tool_call_id(run.run_id, model_call, call_id),
             |call| call.id.clone(),
         )
     }
@@ -403,21 +421,31 @@ pub async fn respond(
         }
     }
     let permit = state.limits.open_watcher(caller)?;
-    Ok(stream(state, record, format, after, permit))
+    stream(state, record, format, after, permit).await
 }
 
 /// The event stream of run `record` in `format` after `after`, for a caller already admitted
 /// (`permit`). `Format::Behest` is rendered as AI SDK v6 here: callers serve behest's own
 /// format themselves (`runs.rs`).
-pub fn stream(
+///
+/// # Errors
+/// The store's, reading the run's session (AG-UI's `threadId`).
+pub async fn stream(
     state: &AppState,
     record: &RunRecord,
     format: Format,
     after: Option<Cursor>,
     permit: WatcherPermit,
-) -> Response {
-    let run = RunContext::new(record, state.runtime.tools());
-    match format {
+) -> Result<Response, ApiError> {
+    let mut run = RunContext::new(record, state.runtime.tools());
+    if format == Format::AgUi
+        && let Some(session) = state.runtime.store().get_session(record.session_id).await?
+        && let Some(external_id) = session.external_id
+    {
+        // A thread the client named by its own id is echoed by that id.
+        run.thread_id = external_id;
+    }
+    Ok(match format {
         Format::AgUi => pump(
             state,
             record.id,
@@ -443,7 +471,7 @@ pub fn stream(
             Renderer::new(AiSdk::new(run, AiSdkDialect::V6), after),
             permit,
         ),
-    }
+    })
 }
 
 /// Why a projected stream was aborted rather than ended.

@@ -69,6 +69,51 @@ impl Log {
             provider: "demo".to_owned(),
             model: "demo".to_owned(),
             iteration,
+            message_id: None,
+        }));
+    }
+
+    /// A model call that announces the id of its assistant message; that id.
+    fn model_with_id(&mut self, iteration: u32) -> crate::domain::MessageId {
+        let id = crate::domain::MessageId::new();
+        self.push(EventPayload::ModelStarted(ModelStarted {
+            provider: "demo".to_owned(),
+            model: "demo".to_owned(),
+            iteration,
+            message_id: Some(id),
+        }));
+        id
+    }
+
+    /// The sequence of the `n`th `model_started` (from 1).
+    fn model_call(&self, n: usize) -> u64 {
+        self.events
+            .iter()
+            .filter(|event| matches!(event.payload, EventPayload::ModelStarted(_)))
+            .nth(n - 1)
+            .unwrap()
+            .sequence
+    }
+
+    fn decided(&mut self, id: &str, name: &str, approved: bool, reason: Option<&str>) {
+        self.push(EventPayload::ToolApprovalDecided(
+            crate::events::ToolApprovalDecided {
+                call_id: id.to_owned(),
+                tool_name: name.to_owned(),
+                approved,
+                reason: reason.map(str::to_owned),
+                decided_by: Some("alice".to_owned()),
+                api_key: Some(0),
+            },
+        ));
+    }
+
+    fn commit_as(&mut self, message_id: crate::domain::MessageId) {
+        self.push(EventPayload::UsageRecorded(UsageRecorded {
+            usage: TokenUsage::default(),
+        }));
+        self.push(EventPayload::AssistantMessageCommitted(MessageCommitted {
+            message_id,
         }));
     }
 
@@ -245,6 +290,82 @@ fn resumed_run() -> Log {
     log.text("A whole sentence.");
     log.end_call();
     log.complete(1);
+    log
+}
+
+/// Two approvals decided (one approved and executed, one rejected), with the ids the calls'
+/// messages are stored with announced by their `model_started`.
+fn decided_run() -> Log {
+    let mut log = Log::new();
+    let first = log.model_with_id(1);
+    log.text("Deleting.");
+    log.call("call_1", "delete_file", &["{\"path\":\"a\"}"]);
+    log.call("call_2", "delete_file", &["{\"path\":\"b\"}"]);
+    log.commit_as(first);
+    log.push(EventPayload::ToolCallsRequired(RequiredAction {
+        message_id: first,
+        tool_calls: ["call_1", "call_2"]
+            .map(|id| PendingToolCall {
+                call_id: id.to_owned(),
+                tool_name: "delete_file".to_owned(),
+                arguments: json!({}),
+                kind: PendingKind::Approval,
+            })
+            .to_vec(),
+        expires_at: Utc::now(),
+    }));
+    log.decided("call_1", "delete_file", true, None);
+    log.decided("call_2", "delete_file", false, Some("keep b"));
+    log.execute("call_1", "delete_file", ok(json!("deleted")));
+    log.answered(
+        "call_2",
+        "delete_file",
+        ToolExecutionResult::Failure(ToolFailure {
+            error: "rejected by the user: keep b".to_owned(),
+        }),
+    );
+    let second = log.model_with_id(2);
+    log.text("Deleted a only.");
+    log.commit_as(second);
+    log.complete(2);
+    log
+}
+
+/// A call cut off by a crash after it began a tool call, made again: the provider says
+/// `call_1` in both, in the same iteration.
+fn resumed_tool_run() -> Log {
+    let mut log = Log::new();
+    log.model(1);
+    log.text("Let me ");
+    log.push(EventPayload::ToolCallStarted(ToolCallStarted {
+        call_id: "call_1".to_owned(),
+        tool_name: "get_time".to_owned(),
+    }));
+    log.push(EventPayload::ToolCallDelta(ToolCallDelta {
+        call_id: "call_1".to_owned(),
+        delta: "{\"tz\"".to_owned(),
+    }));
+    log.push(EventPayload::ToolCallCompleted(ToolCallCompleted {
+        call: ToolCall {
+            id: "call_1".to_owned(),
+            name: "get_time".to_owned(),
+            arguments: json!({}),
+            invalid_arguments: Some("{\"tz\"".to_owned()),
+        },
+    }));
+    log.push(EventPayload::RunResumed(RunResumed {
+        iteration: 1,
+        abandoned_after: Some(3),
+    }));
+    log.model(1);
+    log.text("Checking.");
+    log.call("call_1", "get_time", &["{}"]);
+    log.end_call();
+    log.execute("call_1", "get_time", ok(json!("12:00")));
+    log.model(2);
+    log.text("Noon.");
+    log.end_call();
+    log.complete(2);
     log
 }
 
@@ -479,8 +600,8 @@ fn the_ai_sdk_stream_of_a_server_tool_run() {
     assert_eq!(&types[types.len() - 2..], ["finish", "[DONE]"]);
     assert_eq!(frames.last().unwrap().0, None, "[DONE] has no id");
     // Two calls named `call_1` by the provider get two ids.
-    let first = tool_call_id(log.run.run_id, 1, "call_1");
-    let second = tool_call_id(log.run.run_id, 2, "call_1");
+    let first = tool_call_id(log.run.run_id, log.model_call(1), "call_1");
+    let second = tool_call_id(log.run.run_id, log.model_call(2), "call_1");
     assert!(
         frames
             .iter()
@@ -498,7 +619,7 @@ fn the_ai_sdk_stream_of_a_server_tool_run() {
     );
     assert_eq!(
         split_tool_call_id(&second),
-        Some((log.run.run_id, 2, "call_1"))
+        Some((log.run.run_id, log.model_call(2), "call_1"))
     );
     // The reasoning delta (seq 4) opens r4 and text-start closes it first: 4 → 2 frames.
     let ids: Vec<&str> = frames.iter().filter_map(|(id, _)| id.as_deref()).collect();
@@ -511,7 +632,7 @@ fn the_ai_sdk_stream_of_a_server_tool_run() {
 #[test]
 fn tool_progress_is_a_data_part_per_call_and_an_ag_ui_custom_event() {
     let log = server_tool_run();
-    let id = tool_call_id(log.run.run_id, 1, "call_1");
+    let id = tool_call_id(log.run.run_id, log.model_call(1), "call_1");
     for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
         let frames = render(AiSdk::new(log.run.clone(), dialect), &log, None);
         let parts: Vec<Value> = frames
@@ -545,7 +666,13 @@ fn tool_progress_is_a_data_part_per_call_and_an_ag_ui_custom_event() {
 
 #[test]
 fn every_cut_of_every_ai_sdk_stream_resumes_exactly() {
-    for log in [server_tool_run(), paused_run(), resumed_run()] {
+    for log in [
+        server_tool_run(),
+        paused_run(),
+        resumed_run(),
+        decided_run(),
+        resumed_tool_run(),
+    ] {
         for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
             let cuts = every_cut_resumes_exactly(
                 || AiSdk::new(log.run.clone(), dialect),
@@ -560,7 +687,13 @@ fn every_cut_of_every_ai_sdk_stream_resumes_exactly() {
 
 #[test]
 fn every_cut_of_every_ag_ui_stream_resumes_exactly_after_a_prelude_the_verifier_accepts() {
-    for log in [server_tool_run(), paused_run(), resumed_run()] {
+    for log in [
+        server_tool_run(),
+        paused_run(),
+        resumed_run(),
+        decided_run(),
+        resumed_tool_run(),
+    ] {
         let cuts =
             every_cut_resumes_exactly(|| AgUi::new(log.run.clone()), &log, true, check_ag_ui);
         assert!(cuts > 10, "{cuts}");
@@ -604,7 +737,7 @@ fn a_pause_ends_the_segment_and_the_next_opens_with_the_same_ids() {
     assert_eq!(first_end["outcome"]["type"], "success");
     assert_eq!(
         first_end["outcome"]["pendingToolCallIds"],
-        json!([tool_call_id(log.run.run_id, 1, "call_1")])
+        json!([tool_call_id(log.run.run_id, log.model_call(1), "call_1")])
     );
     let second_end: Value = serde_json::from_str(&ag[1].last().unwrap().1).unwrap();
     assert_eq!(
@@ -718,4 +851,174 @@ fn the_parsed_answer_is_in_the_finish_of_every_rendering() {
     let finished = last(&live, "RUN_FINISHED");
     assert_eq!(finished["result"]["parsed"], json!({"city": "Oslo"}));
     check_ag_ui(&live);
+}
+
+fn chunks(frames: &[(Option<String>, String)]) -> Vec<Value> {
+    frames
+        .iter()
+        .filter_map(|(_, data)| serde_json::from_str(data).ok())
+        .collect()
+}
+
+#[test]
+fn approval_decisions_are_rendered_with_who_decided() {
+    let log = decided_run();
+    let first = tool_call_id(log.run.run_id, log.model_call(1), "call_1");
+    let second = tool_call_id(log.run.run_id, log.model_call(1), "call_2");
+    for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
+        let all: Vec<Value> = segments(|| AiSdk::new(log.run.clone(), dialect), &log)
+            .iter()
+            .flat_map(|segment| chunks(segment))
+            .collect();
+        let notices: Vec<&Value> = all
+            .iter()
+            .filter(|c| c["type"] == "data-behest-tool-approval-decided")
+            .collect();
+        assert_eq!(notices.len(), 2, "{dialect:?}");
+        assert_eq!(notices[1]["transient"], true);
+        assert_eq!(notices[1]["data"]["toolCallId"], second.as_str());
+        assert_eq!(notices[1]["data"]["approved"], false);
+        assert_eq!(notices[1]["data"]["decided_by"], "alice");
+        assert_eq!(notices[1]["data"]["api_key"], 0);
+        let responses: Vec<(Value, Value, Value)> = all
+            .iter()
+            .filter(|c| c["type"] == "tool-approval-response")
+            .map(|c| {
+                (
+                    c["approvalId"].clone(),
+                    c["approved"].clone(),
+                    c["reason"].clone(),
+                )
+            })
+            .collect();
+        let denied: Vec<&Value> = all
+            .iter()
+            .filter(|c| c["type"] == "tool-output-denied")
+            .map(|c| &c["toolCallId"])
+            .collect();
+        assert_eq!(denied, [&json!(second)], "{dialect:?}");
+        if dialect == AiSdkDialect::V7 {
+            // One response per decision, from the decision (not again at the execution).
+            assert_eq!(
+                responses,
+                [
+                    (json!(first), json!(true), Value::Null),
+                    (json!(second), json!(false), json!("keep b"))
+                ]
+            );
+        } else {
+            assert!(responses.is_empty());
+        }
+    }
+    let ag: Vec<Value> = segments(|| AgUi::new(log.run.clone()), &log)
+        .iter()
+        .flat_map(|segment| chunks(segment))
+        .collect();
+    let custom: Vec<&Value> = ag
+        .iter()
+        .filter(|e| e["type"] == "CUSTOM" && e["name"] == "behest.tool_approval_decided")
+        .collect();
+    assert_eq!(custom.len(), 2);
+    assert_eq!(custom[0]["value"]["toolCallId"], first.as_str());
+    assert_eq!(custom[0]["value"]["approved"], true);
+    assert_eq!(custom[1]["value"]["reason"], "keep b");
+    // The rejected call still gets its result, so it is not left pending.
+    assert!(
+        ag.iter()
+            .any(|e| e["type"] == "TOOL_CALL_RESULT" && e["toolCallId"] == second.as_str())
+    );
+}
+
+#[test]
+fn the_stored_assistant_message_id_is_known_from_the_first_event_of_its_call() {
+    let log = decided_run();
+    let announced: Vec<String> = log
+        .events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ModelStarted(started) => started.message_id.map(|id| id.to_string()),
+            _ => None,
+        })
+        .collect();
+    let committed: Vec<String> = log
+        .events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::AssistantMessageCommitted(c) => Some(c.message_id.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(announced, committed);
+    let ag: Vec<Value> = segments(|| AgUi::new(log.run.clone()), &log)
+        .iter()
+        .flat_map(|segment| chunks(segment))
+        .collect();
+    let text_ids: Vec<&str> = ag
+        .iter()
+        .filter(|e| e["type"] == "TEXT_MESSAGE_START")
+        .map(|e| e["messageId"].as_str().unwrap())
+        .collect();
+    assert_eq!(text_ids, announced);
+    assert!(
+        ag.iter()
+            .filter(|e| e["type"] == "TOOL_CALL_START")
+            .all(|e| e["parentMessageId"] == announced[0].as_str())
+    );
+    let ai = chunks(&render(
+        AiSdk::new(log.run.clone(), AiSdkDialect::V6),
+        &log,
+        None,
+    ));
+    let steps: Vec<&str> = ai
+        .iter()
+        .filter(|c| c["type"] == "data-behest-model-started")
+        .map(|c| c["data"]["messageId"].as_str().unwrap())
+        .collect();
+    // The first segment ends at the pause; the step right after `start-step`.
+    assert_eq!(steps, [announced[0].as_str()]);
+    let at = ai.iter().position(|c| c["type"] == "start-step").unwrap();
+    assert_eq!(ai[at + 1]["type"], "data-behest-model-started");
+    assert_eq!(ai[at + 1]["transient"], true);
+    // A log of an older version (no id announced) keeps the derived id.
+    let old = server_tool_run();
+    let ag = chunks(&render(AgUi::new(old.run.clone()), &old, None));
+    let start = ag
+        .iter()
+        .find(|e| e["type"] == "TEXT_MESSAGE_START")
+        .unwrap();
+    assert_eq!(
+        start["messageId"],
+        format!("{}:{}", old.run.run_id, old.model_call(1))
+    );
+}
+
+#[test]
+fn a_call_id_the_provider_says_again_after_a_resume_gets_a_new_namespaced_id() {
+    let log = resumed_tool_run();
+    let abandoned = tool_call_id(log.run.run_id, log.model_call(1), "call_1");
+    let remade = tool_call_id(log.run.run_id, log.model_call(2), "call_1");
+    assert_ne!(abandoned, remade);
+    for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
+        let ai = chunks(&render(AiSdk::new(log.run.clone(), dialect), &log, None));
+        let starts: Vec<&str> = ai
+            .iter()
+            .filter(|c| c["type"] == "tool-input-start")
+            .map(|c| c["toolCallId"].as_str().unwrap())
+            .collect();
+        assert_eq!(starts, [abandoned.as_str(), remade.as_str()], "{dialect:?}");
+        let output = ai
+            .iter()
+            .find(|c| c["type"] == "tool-output-available")
+            .unwrap();
+        assert_eq!(output["toolCallId"], remade.as_str());
+    }
+    let ag = chunks(&render(AgUi::new(log.run.clone()), &log, None));
+    let starts: Vec<&str> = ag
+        .iter()
+        .filter(|e| e["type"] == "TOOL_CALL_START")
+        .map(|e| e["toolCallId"].as_str().unwrap())
+        .collect();
+    assert_eq!(starts, [abandoned.as_str(), remade.as_str()]);
+    let result = ag.iter().find(|e| e["type"] == "TOOL_CALL_RESULT").unwrap();
+    assert_eq!(result["toolCallId"], remade.as_str());
 }

@@ -220,6 +220,7 @@ impl Script<'_> {
             provider: "p".to_owned(),
             model: "m".to_owned(),
             iteration,
+            message_id: None,
         }));
         At::Streaming(Stream {
             iteration,

@@ -148,6 +148,7 @@ fn model(iteration: u32) -> EventPayload {
         provider: "p".to_owned(),
         model: "m".to_owned(),
         iteration,
+        message_id: None,
     })
 }
 
@@ -456,6 +457,89 @@ fn waiting_in_requires_action() {
     log.turn(2, "Done.", &[]);
     log.push(run_completed(2));
     assert_eq!(log.fold().iterations(), 2);
+}
+
+fn decided(id: &str, approved: bool) -> EventPayload {
+    EventPayload::ToolApprovalDecided(crate::events::ToolApprovalDecided {
+        call_id: id.to_owned(),
+        tool_name: "add".to_owned(),
+        approved,
+        reason: None,
+        decided_by: Some("alice".to_owned()),
+        api_key: None,
+    })
+}
+
+#[test]
+fn approval_decisions_come_once_per_waiting_call_before_its_result() {
+    let mut log = Log::opened();
+    let message = log.turn(1, "", &["c1", "c2", "c3"]);
+    let pending = |id: &str, kind| PendingToolCall {
+        call_id: id.to_owned(),
+        tool_name: "add".to_owned(),
+        arguments: json!({}),
+        kind,
+    };
+    // Before the pause, nothing waits for a decision.
+    assert!(illegal(&log.rejects(decided("c1", true))).contains("does not wait"));
+    log.push(EventPayload::ToolCallsRequired(RequiredAction {
+        message_id: message.id,
+        tool_calls: vec![
+            pending("c1", PendingKind::Approval),
+            pending("c2", PendingKind::Approval),
+            pending("c3", PendingKind::ClientTool),
+        ],
+        expires_at: Utc::now(),
+    }));
+    assert!(illegal(&log.rejects(decided("c3", true))).contains("does not wait"));
+    log.push_all([decided("c1", true), decided("c2", false)]);
+    assert!(illegal(&log.rejects(decided("c1", false))).contains("second time"));
+    assert_eq!(
+        log.fold().turn().unwrap().decisions,
+        vec![("c1".to_owned(), true), ("c2".to_owned(), false)]
+    );
+    // A restart keeps them (the resumed run does not log them again).
+    log.push(resumed(2, None));
+    assert_eq!(log.fold().turn().unwrap().decisions.len(), 2);
+    log.push_all([execution("c1"), success("c1"), failure("c2"), success("c3")]);
+    for id in ["c1", "c2", "c3"] {
+        log.tool_message(id);
+    }
+    log.turn(2, "Done.", &[]);
+    log.push(run_completed(2));
+    log.fold();
+
+    // A decision after the call's result is out of place.
+    let mut late = Log::opened();
+    let message = late.turn(1, "", &["c1"]);
+    late.push(EventPayload::ToolCallsRequired(RequiredAction {
+        message_id: message.id,
+        tool_calls: vec![pending("c1", PendingKind::Approval)],
+        expires_at: Utc::now(),
+    }));
+    late.push(failure("c1"));
+    assert!(illegal(&late.rejects(decided("c1", false))).contains("after its execution"));
+}
+
+#[test]
+fn the_message_id_a_call_announces_is_the_one_it_commits() {
+    let mut log = Log::opened();
+    let announced = MessageId::new();
+    log.push(EventPayload::ModelStarted(ModelStarted {
+        provider: "p".to_owned(),
+        model: "m".to_owned(),
+        iteration: 1,
+        message_id: Some(announced),
+    }));
+    log.push_all([text_delta("Hi"), usage()]);
+    assert_eq!(
+        log.fold().cut_off_call().and_then(|call| call.message_id),
+        Some(announced)
+    );
+    assert!(illegal(&log.rejects(commit(MessageId::new()))).contains("announced"));
+    log.push(commit(announced));
+    log.push(run_completed(1));
+    log.fold();
 }
 
 #[test]

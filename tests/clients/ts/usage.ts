@@ -82,6 +82,8 @@ export function describe(event: AgentEvent): string {
       return `compacting (${event.trigger}): ${event.messages_to_summarise} messages, ${event.tokens_before} tokens, with ${event.model}`;
     case 'output_rejected':
       return `answer rejected (attempt ${event.attempt}): ${event.errors}`;
+    case 'tool_approval_decided':
+      return `${event.tool_name} ${event.approved ? 'approved' : 'rejected'}${event.decided_by ? ` by ${event.decided_by}` : ''}`;
     default:
       return unreachable(event);
   }
