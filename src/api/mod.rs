@@ -12,6 +12,7 @@ mod docs;
 mod error;
 mod extract;
 pub mod formats;
+mod heads;
 pub mod limits;
 mod metrics;
 mod page;
@@ -415,6 +416,7 @@ pub fn app(state: AppState) -> Router {
         None => router,
     };
     router
+        .layer(axum::middleware::from_fn(heads::refuse_repeated_headers))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             connections::limit_body_time,
