@@ -621,7 +621,7 @@ pub async fn limit_body_time(
     if !expired.load(Ordering::Acquire) {
         return response;
     }
-    let mut response = ApiError::new(
+    let mut timed_out = ApiError::new(
         StatusCode::REQUEST_TIMEOUT,
         "request_timeout",
         format!(
@@ -630,10 +630,13 @@ pub async fn limit_body_time(
         ),
     )
     .into_response();
-    response
+    timed_out
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
+    // What the router put on its answer (the route template, for the metrics) stays.
+    let mut response = response;
+    *timed_out.extensions_mut() = std::mem::take(response.extensions_mut());
+    timed_out
 }
 
 /// A request body that fails once its deadline passes before its end.

@@ -3,7 +3,7 @@
 //! demo model back; a `BEHEST_*` variable the server does not know is a warning, while an
 //! unknown key in the file still stops startup;
 //! `serve --help` shows no environment values; startup errors name the configuration file and
-//! the SQLite file.
+//! the SQLite file, are said once, and name the supported database URLs.
 
 use crate::support;
 
@@ -143,6 +143,16 @@ async fn unknown_keys_stay_errors_and_errors_name_their_file() {
         stderr.contains("max_iteratons") && stderr.contains(path),
         "{stderr}"
     );
+    // Said once, its expected keys listed without nested backticks.
+    assert_eq!(
+        stderr.matches("invalid configuration").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("expected one of `") && !stderr.contains("``"),
+        "{stderr}"
+    );
 
     // A TOML syntax error: the file is named.
     std::fs::write(&config, "[runtime\n").unwrap();
@@ -182,6 +192,36 @@ async fn unknown_keys_stay_errors_and_errors_name_their_file() {
         stderr.contains(unreachable) && stderr.contains("SQLite file"),
         "{stderr}"
     );
+    // Said once.
+    assert_eq!(
+        stderr.matches("cannot open the database").count(),
+        1,
+        "{stderr}"
+    );
+
+    // A database URL of another kind is not called PostgreSQL, and the supported kinds are
+    // named.
+    let (ok, _, stderr) = behest(
+        &[
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--config",
+            path,
+            "--database-url",
+            "mysql://behest:secret@localhost/behest",
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("supported are sqlite: (sqlite://PATH) and postgres:"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("PostgreSQL"), "{stderr}");
+    assert!(!stderr.contains("secret"), "{stderr}");
+    assert_eq!(stderr.matches("unsupported").count(), 1, "{stderr}");
 }
 
 #[tokio::test]
