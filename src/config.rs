@@ -674,12 +674,25 @@ impl ConfigError {
         }
     }
 
-    /// figment's message, without its profile prefix (`default.`) on key paths.
+    /// figment's message, without its profile prefix (`default.`) on key paths, and without
+    /// the backticks figment nests around a list of expected keys or values (``expected `one
+    /// of `a`, `b``` reads `expected one of `a`, `b``).
     fn from_figment(error: figment::Error) -> Self {
-        let message = error
+        let mut message = error
             .to_string()
             .replace("key \"default.", "key \"")
             .replace("`default.", "`");
+        for error in error {
+            if let figment::error::Kind::UnknownField(_, expected)
+            | figment::error::Kind::UnknownVariant(_, expected) = error.kind
+            {
+                let one_of = figment::error::OneOf(expected);
+                message = message.replace(
+                    &format!("expected `{one_of}`"),
+                    &format!("expected {one_of}"),
+                );
+            }
+        }
         Self::Invalid(message)
     }
 }

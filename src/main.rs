@@ -88,10 +88,15 @@ fn print_openapi() -> ExitCode {
     }
 }
 
+/// Whether the log is JSON lines (`RUST_LOG_FORMAT=json`).
+fn json_log() -> bool {
+    std::env::var("RUST_LOG_FORMAT").is_ok_and(|f| f == "json")
+}
+
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    let json = std::env::var("RUST_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let json = json_log();
     // Colours only on a terminal: a log file or pipe gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
@@ -178,8 +183,12 @@ fn main() -> ExitCode {
             match behest::server::serve_blocking(config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
-                    tracing::error!(%error, "behest stopped");
-                    report(&error);
+                    // Once: the plain line for a person, the JSON log line for a collector.
+                    if json_log() {
+                        tracing::error!(%error, "behest stopped");
+                    } else {
+                        report(&error);
+                    }
                     ExitCode::FAILURE
                 }
             }

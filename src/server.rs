@@ -69,7 +69,11 @@ fn database_target(url: &str) -> String {
             if parsed.password().is_some() {
                 let _ = parsed.set_password(Some("***"));
             }
-            format!("PostgreSQL `{parsed}`")
+            if matches!(parsed.scheme(), "postgres" | "postgresql") {
+                format!("PostgreSQL `{parsed}`")
+            } else {
+                format!("`{parsed}`")
+            }
         }
         Err(_) => "the database URL".to_owned(),
     }

@@ -7,7 +7,8 @@
 //! closed at once when every one has a request in progress. A response in progress (an event
 //! stream included) is never timed out: its keep-alive comments are the server's writes.
 //! At a drain, idle connections and those that never sent a whole request are closed at once;
-//! the others close after their response.
+//! the others close after their response. A request head hyper would refuse with a bare
+//! status is answered with problem+json before hyper reads it (`heads.rs`).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -35,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+use super::heads::HeadCheck;
 use super::{ApiError, AppState};
 use crate::config::HttpConfig;
 
@@ -231,10 +233,7 @@ async fn serve_connection(
         close,
         evict,
     } = stops;
-    let io = TokioIo::new(Watched {
-        stream,
-        activity: Arc::clone(&activity),
-    });
+    let io = TokioIo::new(Watched::new(stream, Arc::clone(&activity)));
     let requests = Arc::clone(&activity);
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let in_flight = requests.begin();
@@ -436,10 +435,92 @@ impl http_body::Body for InFlightBody {
     }
 }
 
-/// A client socket that tells its [`Activity`] when bytes arrive.
+/// A client socket that tells its [`Activity`] when bytes arrive, and shows each request head
+/// to a [`HeadCheck`] before hyper reads it: a head hyper would refuse with a bare status is
+/// answered with problem+json here instead (see `api/heads.rs`).
 struct Watched {
     stream: TcpStream,
     activity: Arc<Activity>,
+    head: HeadCheck,
+    /// The answer to a refused head, being sent; hyper then reads the end of the stream.
+    refusal: Option<Refusal>,
+}
+
+impl Watched {
+    fn new(stream: TcpStream, activity: Arc<Activity>) -> Self {
+        Self {
+            stream,
+            activity,
+            head: HeadCheck::default(),
+            refusal: None,
+        }
+    }
+}
+
+/// How long, at most, a refused connection's remaining bytes (a body sent with the head) are
+/// read and dropped after the answer, so that closing the socket with unread bytes does not
+/// reset it before the client has read the answer.
+const REFUSAL_DRAIN: Duration = Duration::from_secs(1);
+/// How many bytes, at most, are read and dropped that way.
+const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
+
+/// A refused head's answer: written, the write side shut, what the client still sends read and
+/// dropped for a while (bounded), then the end of the stream for hyper.
+struct Refusal {
+    answer: Bytes,
+    written: usize,
+    shut: bool,
+    drained: usize,
+    drain_until: Pin<Box<Sleep>>,
+}
+
+impl Refusal {
+    fn new(answer: Bytes) -> Self {
+        Self {
+            answer,
+            written: 0,
+            shut: false,
+            drained: 0,
+            drain_until: Box::pin(tokio::time::sleep(REFUSAL_DRAIN)),
+        }
+    }
+
+    /// Sends the answer and drains; ready once hyper may see the end of the stream (any I/O
+    /// error ends it too: the client is gone).
+    fn poll(&mut self, stream: &mut TcpStream, cx: &mut Context<'_>) -> Poll<()> {
+        while self.written < self.answer.len() {
+            match Pin::new(&mut *stream).poll_write(cx, &self.answer[self.written..]) {
+                Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Ok(written)) => self.written += written,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if !self.shut {
+            match Pin::new(&mut *stream).poll_shutdown(cx) {
+                Poll::Ready(Ok(())) => self.shut = true,
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let mut scratch = [0_u8; 4096];
+        while self.drained < REFUSAL_DRAIN_BYTES {
+            let mut sink = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut *stream).poll_read(cx, &mut sink) {
+                Poll::Ready(Ok(())) if !sink.filled().is_empty() => {
+                    self.drained += sink.filled().len();
+                }
+                Poll::Ready(_) => return Poll::Ready(()),
+                Poll::Pending => {
+                    return if self.drain_until.as_mut().poll(cx).is_ready() {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    };
+                }
+            }
+        }
+        Poll::Ready(())
+    }
 }
 
 impl AsyncRead for Watched {
@@ -448,10 +529,27 @@ impl AsyncRead for Watched {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if let Some(refusal) = &mut this.refusal {
+            // Nothing more for hyper: the end of the stream once the answer is out.
+            return refusal.poll(&mut this.stream, cx).map(Ok);
+        }
         let before = buf.filled().len();
-        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        let phase = this.activity.phase();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
         if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.read();
+            match phase {
+                Phase::Idle(_) => this.head.restart(),
+                Phase::Busy(_) => this.head.stop(),
+                Phase::Head(_) => {}
+            }
+            this.activity.read();
+            if let Some(answer) = this.head.check(&buf.filled()[before..]) {
+                tracing::debug!("refused a request head hyper would refuse; answered problem+json");
+                buf.set_filled(before);
+                let refusal = this.refusal.insert(Refusal::new(answer));
+                return refusal.poll(&mut this.stream, cx).map(Ok);
+            }
         }
         read
     }
@@ -463,6 +561,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.refusal.is_some() {
+            // The client has its answer: nothing of hyper's follows it.
+            return Poll::Ready(Ok(buf.len()));
+        }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
@@ -471,6 +573,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        if self.refusal.is_some() {
+            return Poll::Ready(Ok(bufs.iter().map(|buf| buf.len()).sum()));
+        }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
@@ -483,6 +588,9 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.refusal.as_ref().is_some_and(|refusal| refusal.shut) {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
@@ -513,7 +621,7 @@ pub async fn limit_body_time(
     if !expired.load(Ordering::Acquire) {
         return response;
     }
-    let mut response = ApiError::new(
+    let mut timed_out = ApiError::new(
         StatusCode::REQUEST_TIMEOUT,
         "request_timeout",
         format!(
@@ -522,10 +630,13 @@ pub async fn limit_body_time(
         ),
     )
     .into_response();
-    response
+    timed_out
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
+    // What the router put on its answer (the route template, for the metrics) stays.
+    let mut response = response;
+    *timed_out.extensions_mut() = std::mem::take(response.extensions_mut());
+    timed_out
 }
 
 /// A request body that fails once its deadline passes before its end.

@@ -64,6 +64,12 @@ impl ApiError {
         )
     }
 
+    /// The problem document.
+    #[must_use]
+    pub fn problem(&self) -> &Problem {
+        &self.0
+    }
+
     /// Adds a `Retry-After` header of `seconds`.
     #[must_use]
     pub fn retry_after(mut self, seconds: u32) -> Self {

@@ -56,8 +56,14 @@ struct Route(MatchedPath);
 /// [`count_requests`] (which runs outside the router, where the template is not known).
 pub async fn tag_route(matched: MatchedPath, request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
-    response.extensions_mut().insert(Route(matched));
+    tag(&mut response, matched);
     response
+}
+
+/// Puts the route template on a response made where [`tag_route`] does not run (the `405`
+/// of a known path: axum's route layers wrap the routes' handlers, not their method fallback).
+pub fn tag(response: &mut Response, matched: MatchedPath) {
+    response.extensions_mut().insert(Route(matched));
 }
 
 /// The `method` label of a request: one of the nine methods of RFC 9110 §9 and RFC 5789
@@ -78,7 +84,10 @@ fn method_label(method: &Method) -> &'static str {
 }
 
 /// Counts every request by method (`other` for a method outside RFC 9110's), route template
-/// (`unmatched` for unknown routes) and status, and times it to the response's head.
+/// and status, and times it to the response's head. The route is `unmatched` for a path no
+/// route has (`404 not_found`), and for answers made before routing: `400 duplicate_header`,
+/// and a `408 request_timeout` of a body sent to an unknown path (one sent to a route keeps
+/// its template). A `405` keeps its route's template.
 pub async fn count_requests(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();

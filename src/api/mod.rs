@@ -12,6 +12,7 @@ mod docs;
 mod error;
 mod extract;
 pub mod formats;
+mod heads;
 pub mod limits;
 mod metrics;
 mod page;
@@ -417,20 +418,49 @@ pub fn app(state: AppState) -> Router {
         None => router,
     };
     router
+        .layer(axum::middleware::from_fn(heads::refuse_repeated_headers))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             connections::limit_body_time,
         ))
         .layer(axum::middleware::from_fn(metrics::count_requests))
-        .layer(TraceLayer::new_for_http().make_span_with(
-            |request: &axum::http::Request<axum::body::Body>| {
-                tracing::debug_span!(
-                    "request",
-                    method = %request.method(),
-                    uri = %auth::redacted_uri(request.uri()),
-                    version = ?request.version(),
-                )
-            },
-        ))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|request: &axum::http::Request<axum::body::Body>| {
+                    tracing::debug_span!(
+                        "request",
+                        method = %request.method(),
+                        uri = %auth::redacted_uri(request.uri()),
+                        version = ?request.version(),
+                    )
+                })
+                .on_failure(log_failure),
+        )
         .with_state(state)
+}
+
+/// How a 5xx answer is logged (tower-http logs every one at ERROR by default): a `503`
+/// (`shutting_down` during a drain, `too_many_watchers`, a `/readyz` probe that is not ready)
+/// is the server saying "not now", logged at INFO; any other failure (a `500`, a `502`, a
+/// response body's error) at ERROR, as before.
+fn log_failure(
+    failure: tower_http::classify::ServerErrorsFailureClass,
+    latency: Duration,
+    _span: &tracing::Span,
+) {
+    use tower_http::classify::ServerErrorsFailureClass;
+    let latency_ms = latency.as_millis();
+    match failure {
+        ServerErrorsFailureClass::StatusCode(status)
+            if status == axum::http::StatusCode::SERVICE_UNAVAILABLE =>
+        {
+            tracing::info!(%status, latency_ms, "answered 503: not now");
+        }
+        ServerErrorsFailureClass::StatusCode(status) => {
+            tracing::error!(%status, latency_ms, "response failed");
+        }
+        ServerErrorsFailureClass::Error(error) => {
+            tracing::error!(%error, latency_ms, "response failed");
+        }
+    }
 }

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -69,13 +70,19 @@ pub async fn get_readiness(State(state): State<AppState>) -> Result<Json<Health>
 
 use super::Problem;
 
-/// 405 `method_not_allowed` for a known route called with another method.
-pub async fn method_not_allowed() -> ApiError {
-    ApiError::new(
+/// 405 `method_not_allowed` for a known route called with another method (counted in the
+/// metrics under that route's template).
+pub async fn method_not_allowed(matched: Option<axum::extract::MatchedPath>) -> Response {
+    let mut response = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
         "this route does not take that method",
     )
+    .into_response();
+    if let Some(matched) = matched {
+        super::metrics::tag(&mut response, matched);
+    }
+    response
 }
 
 /// 404 `not_found` for any unknown route.

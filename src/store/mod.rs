@@ -94,7 +94,10 @@ pub enum StoreError {
     #[error("corrupt record: {0}")]
     Corrupt(String),
     /// The database URL is neither `sqlite:` nor `postgres:`.
-    #[error("unsupported database URL (use sqlite://PATH or postgres://…)")]
+    #[error(
+        "unsupported database URL: supported are sqlite: (sqlite://PATH) and postgres: \
+         (postgres://USER@HOST/DATABASE)"
+    )]
     UnsupportedUrl,
     /// The run is not terminal (its snapshot cannot be deleted yet).
     #[error("run {0} is still active")]

@@ -111,3 +111,21 @@ impl Builtin {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registry compiles a built-in tool's schema only at its first call
+    /// (`ToolSchema::deferred`): each must compile, meta-schema checked.
+    #[test]
+    fn every_builtin_schema_compiles() {
+        for name in NAMES {
+            let (_, info) = Builtin::named(name).unwrap();
+            assert!(
+                super::super::schema::compile(&info.parameters).is_ok(),
+                "{name}"
+            );
+        }
+    }
+}

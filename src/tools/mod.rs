@@ -337,6 +337,20 @@ impl ToolRegistry {
         // A schema that does not compile is the operator's to fix: startup fails. One that
         // compiles but is unbounded (a `$ref` cycle, too large; an MCP server's list is not
         // ours to fix) keeps the tool listed, and each call fails with the reason.
+        if let Backend::Builtin(_) = backend {
+            // Our own schema: compiled at the first call, not at startup (see
+            // `ToolSchema::deferred`; `builtin`'s tests compile each).
+            let validator = schema::ToolSchema::deferred(info.parameters.clone());
+            self.tools.insert(
+                info.name.clone(),
+                RegisteredTool {
+                    info,
+                    validator,
+                    backend,
+                },
+            );
+            return Ok(());
+        }
         let validator = schema::ToolSchema::new(&info.parameters);
         match validator.error() {
             Some(error @ schema::SchemaError::Invalid(_)) => {

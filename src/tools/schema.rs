@@ -57,14 +57,20 @@ pub enum SchemaError {
 
 /// A tool's compiled argument schema, or why it cannot be used: then every call's arguments
 /// are refused with that reason (a schema from an MCP server or a stored run that passes no
-/// longer is never validated with).
-pub struct ToolSchema(Result<jsonschema::Validator, SchemaError>);
+/// longer is never validated with). A deferred one ([`ToolSchema::deferred`]) is compiled at
+/// its first use.
+pub struct ToolSchema {
+    compiled: std::sync::OnceLock<Result<jsonschema::Validator, SchemaError>>,
+    /// The schema of a deferred one, until it is compiled.
+    source: Option<Value>,
+}
 
 impl std::fmt::Debug for ToolSchema {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Ok(_) => f.write_str("ToolSchema(compiled)"),
-            Err(error) => write!(f, "ToolSchema(unusable: {error})"),
+        match self.compiled.get() {
+            Some(Ok(_)) => f.write_str("ToolSchema(compiled)"),
+            Some(Err(error)) => write!(f, "ToolSchema(unusable: {error})"),
+            None => f.write_str("ToolSchema(deferred)"),
         }
     }
 }
@@ -73,13 +79,35 @@ impl ToolSchema {
     /// Checks (see [`check`]) and compiles `schema`; a schema that fails is kept as its error.
     #[must_use]
     pub fn new(schema: &Value) -> Self {
-        Self(compile(schema))
+        Self {
+            compiled: std::sync::OnceLock::from(compile(schema)),
+            source: None,
+        }
     }
 
-    /// Why the schema cannot be used, if it cannot.
+    /// A schema compiled at its first [`ToolSchema::validate`], for the built-in tools' own
+    /// schemas (known good, a test compiles each): compiling any schema makes `jsonschema`
+    /// build its validator of the JSON Schema meta-schema once, about 3 MiB kept for the
+    /// process's life, which an idle server need not hold.
+    #[must_use]
+    pub fn deferred(schema: Value) -> Self {
+        Self {
+            compiled: std::sync::OnceLock::new(),
+            source: Some(schema),
+        }
+    }
+
+    fn compiled(&self) -> &Result<jsonschema::Validator, SchemaError> {
+        self.compiled.get_or_init(|| match &self.source {
+            Some(schema) => compile(schema),
+            None => Err(SchemaError::Invalid("no schema".to_owned())),
+        })
+    }
+
+    /// Why the schema cannot be used, if it cannot (compiles a deferred one).
     #[must_use]
     pub fn error(&self) -> Option<&SchemaError> {
-        self.0.as_ref().err()
+        self.compiled().as_ref().err()
     }
 
     /// Validates `arguments`: `Ok`, or up to [`MAX_VIOLATIONS`] violations in words, each with
@@ -111,7 +139,7 @@ impl ToolSchema {
     /// # Errors
     /// The violations.
     pub fn violations(&self, value: &Value) -> Result<(), Vec<(String, String)>> {
-        let validator = match &self.0 {
+        let validator = match self.compiled() {
             Ok(validator) => validator,
             Err(error) => {
                 return Err(vec![(

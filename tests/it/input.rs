@@ -407,7 +407,9 @@ async fn idempotency_keys_are_bounded_visible_ascii(backend: Backend) {
         .finished_run(created["run_id"].as_str().unwrap())
         .await;
     assert_eq!(run["client_request_id"], key.as_str());
-    // A control character in a header never reaches behest: hyper answers a bare 400.
+    // A control character in a header never reaches the app: under `axum::serve` (this test
+    // server) hyper answers a bare 400; the binary's accept loop answers problem+json
+    // (`net::refused_heads_and_repeated_headers_are_problem_json`).
     let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let request = format!(
         "POST /runs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\

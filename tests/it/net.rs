@@ -4,7 +4,8 @@
 //! request_timeout` and closed, connections beyond `max_connections` are closed at once while
 //! `/healthz` still answers, an event stream quiet for longer than every timeout still
 //! delivers, and SIGTERM does not wait for idle or half-sent connections. A second server on
-//! one SQLite file refuses to start; secrets in query strings never reach the debug log.
+//! one SQLite file refuses to start; secrets in query strings never reach the debug log. A
+//! request head hyper would refuse is answered problem+json by the accept loop.
 
 use crate::support;
 
@@ -475,6 +476,108 @@ async fn a_second_server_on_one_sqlite_file_refuses_to_start() {
         assert!(Instant::now() < deadline, "{run}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The status line and the JSON body of a problem+json response whose connection then closed.
+async fn refused(stream: &mut TcpStream, request: &[u8]) -> (String, serde_json::Value) {
+    stream.write_all(request).await.expect("send");
+    let (answer, closed) = until_closed(stream, Duration::from_secs(10)).await;
+    assert!(closed.is_some(), "the connection stays open: {answer}");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a whole response");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/problem+json"),
+        "{answer}"
+    );
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    (status, serde_json::from_str(body).expect("a JSON body"))
+}
+
+/// A request head hyper's parser refuses (issue 27: a control character in `Idempotency-Key`)
+/// gets problem+json from the binary's accept loop, on a new connection and on a kept-alive
+/// one, with any body the client sent dropped; no run is created. A header that may come once
+/// (`Idempotency-Key`, `Last-Event-ID`, `Authorization`) given twice is `400 duplicate_header`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_heads_and_repeated_headers_are_problem_json() {
+    let db = TestDb::new(Backend::Sqlite).await.unwrap();
+    let server = ServerProcess::start("net", &scripted(1), &db.url).await;
+    let body = r#"{"provider": "demo", "model": "demo", "input": "Hi"}"#;
+    for key in ["a\u{1}b", "a\u{7f}", "\u{0}"] {
+        let request = format!(
+            "POST /runs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             Idempotency-Key: {key}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, problem) = refused(&mut connect(&server).await, request.as_bytes()).await;
+        assert_eq!(status, "HTTP/1.1 400 Bad Request", "{problem}");
+        assert_eq!(problem["code"], "invalid_header", "{problem}");
+        assert_eq!(problem["field"], "Idempotency-Key", "{problem}");
+        assert_eq!(problem["status"], 400, "{problem}");
+    }
+    // On a kept-alive connection, after a request answered.
+    let mut stream = connect(&server).await;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_response(&mut stream).await.starts_with("HTTP/1.1 200"));
+    let (_, problem) = refused(
+        &mut stream,
+        b"GET /runs HTTP/1.1\r\nhost: x\r\nLast-Event-ID: 1\x02\r\n\r\n",
+    )
+    .await;
+    assert_eq!(
+        (&problem["code"], &problem["field"]),
+        (&json!("invalid_header"), &json!("Last-Event-ID")),
+        "{problem}"
+    );
+    // A malformed request line, and a header line without a colon.
+    let (_, problem) = refused(
+        &mut connect(&server).await,
+        b"GET /a\x01b HTTP/1.1\r\nhost: x\r\n\r\n",
+    )
+    .await;
+    assert_eq!(problem["code"], "malformed_request", "{problem}");
+    let (_, problem) = refused(
+        &mut connect(&server).await,
+        b"GET / HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n",
+    )
+    .await;
+    assert_eq!(problem["code"], "invalid_header", "{problem}");
+    assert_eq!(server.get_json("/runs").await["runs"], json!([]));
+    // Headers that may come once.
+    for (request, field) in [
+        (
+            format!(
+                "POST /runs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                 Idempotency-Key: a\r\nIdempotency-Key: b\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+            "Idempotency-Key",
+        ),
+        (
+            "GET /runs/x/events HTTP/1.1\r\nhost: x\r\nLast-Event-ID: 1\r\n\
+             Last-Event-ID: 1\r\n\r\n"
+                .to_owned(),
+            "Last-Event-ID",
+        ),
+        (
+            "GET /runs HTTP/1.1\r\nhost: x\r\nAuthorization: Bearer a\r\n\
+             authorization: Bearer b\r\n\r\n"
+                .to_owned(),
+            "Authorization",
+        ),
+    ] {
+        let mut stream = connect(&server).await;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let answer = read_response(&mut stream).await;
+        let (head, problem) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 400"), "{answer}");
+        let problem: serde_json::Value = serde_json::from_str(problem).unwrap();
+        assert_eq!(problem["code"], "duplicate_header", "{problem}");
+        assert_eq!(problem["field"], field, "{problem}");
+    }
+    assert_eq!(server.get_json("/runs").await["runs"], json!([]));
 }
 
 on_both_backends!(

@@ -172,6 +172,15 @@ async fn metrics_count_a_run_and_keys_stay_out_of_the_log() {
     assert_eq!(value(&during, "behest_runs_created_total", &[]), 1.0);
     assert_eq!(frames.last().unwrap().event, "run_completed", "{frames:?}");
 
+    let refused = server
+        .client
+        .delete(server.url("/runs"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 405);
+
     // After the run: every counter matches it.
     let deadline = Instant::now() + Duration::from_secs(10);
     let (text, after) = loop {
@@ -241,6 +250,15 @@ async fn metrics_count_a_run_and_keys_stay_out_of_the_log() {
             &after,
             "behest_http_requests_total",
             &[("route", "/metrics"), ("status", "401")]
+        ),
+        1.0
+    );
+    // A 405 is counted under its route's template, not `unmatched`.
+    assert_eq!(
+        value(
+            &after,
+            "behest_http_requests_total",
+            &[("method", "DELETE"), ("route", "/runs"), ("status", "405")]
         ),
         1.0
     );

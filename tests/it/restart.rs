@@ -1216,6 +1216,13 @@ async fn sigterm_mid_stream_then_resume(backend: Backend) {
     assert_eq!(status, 503, "POST /runs during the drain: {problem}");
     assert_eq!(problem["code"], "shutting_down", "{problem}");
     assert!(retry_after.is_some(), "503 shutting_down has Retry-After");
+    // A drain's 503s are "not now", not errors of the server.
+    let log = first.log();
+    assert!(
+        !log.lines()
+            .any(|line| line.contains("ERROR") && line.contains("503")),
+        "a 503 of the drain is logged at ERROR:\n{log}"
+    );
     let exit = first
         .wait_exit(Duration::from_millis(GRACE_MS) + Duration::from_secs(10))
         .await;
