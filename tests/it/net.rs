@@ -382,7 +382,9 @@ async fn query_secrets_never_reach_the_log(backend: Backend) {
     // The key authenticates through its percent-encoded name too.
     assert_eq!(get(format!("{events}?access%5Ftoken={key}")).await, 200);
     assert_eq!(
-        get(format!("{events}?last_event_id=1&access_token={key}")).await,
+        // Cursor 0: a cursor beyond the stored log of a run still going is 400 invalid_cursor,
+        // and the run's first event may not be stored yet.
+        get(format!("{events}?last_event_id=0&access_token={key}")).await,
         200
     );
     assert_eq!(get(format!("{events}?access_token=wrong")).await, 401);
