@@ -48,7 +48,9 @@ try {
     'terminal state shown');
   console.log('ok: a turn with a tool call streamed and completed');
 
-  // The run is listed; opening it replays it from the event log.
+  // The run is listed by its input; opening it replays it from the event log.
+  await page.waitForFunction(() => /^“What time is it\?” · completed/.test(
+    document.querySelector('#runs button')?.textContent || ''));
   await page.locator('#runs button').first().click();
   await page.waitForSelector('#transcript .note.terminal');
   await page.waitForSelector('#state[data-state="completed"]');

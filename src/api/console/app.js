@@ -118,16 +118,41 @@ function showModelInfo() {
 
 // ---- recent runs and sessions
 
+// The first 60 characters of each run's input (its user message), from the messages of the
+// runs' sessions: one request per session, at most one page each; a run whose session could
+// not be read (or whose input is further back) is shown without.
+async function runInputs(runs) {
+  const inputs = new Map();
+  const sessions = [...new Set(runs.map((run) => run.session_id))];
+  const wanted = new Set(runs.map((run) => run.id));
+  await Promise.all(sessions.map(async (id) => {
+    try {
+      const page = await api('/sessions/' + id + '/messages?limit=200');
+      for (const m of page.messages || []) {
+        if (m.role !== 'user' || !wanted.has(m.run_id) || inputs.has(m.run_id)) continue;
+        const text = (m.content || []).map((p) => p.text || (p.type === 'image' ? '[image]' : ''))
+          .join(' ').replace(/\s+/g, ' ').trim();
+        if (text) inputs.set(m.run_id, text.length > 60 ? text.slice(0, 59) + '…' : text);
+      }
+    } catch (_) { /* listed without its input */ }
+  }));
+  return inputs;
+}
+
 async function loadLists() {
   try {
     const [runs, sessions] = await Promise.all([
       api('/runs?limit=15'), api('/sessions?limit=15'),
     ]);
+    const inputs = await runInputs(runs.runs);
     const runList = $('runs');
     runList.replaceChildren();
     for (const run of runs.runs) {
+      // A run is known by its input; the status, model and time follow.
+      const input = inputs.get(run.id);
       const button = el('button', null,
-        run.status + ' · ' + run.provider + '/' + run.model + ' · ' + when(run.created_at));
+        (input ? '“' + input + '” · ' : '') + run.status + ' · ' + run.provider + '/' + run.model
+        + ' · ' + when(run.created_at));
       button.type = 'button';
       button.dataset.runId = run.id;
       button.setAttribute('aria-label', 'Open run ' + short(run.id) + ', ' + run.status);
