@@ -173,6 +173,19 @@ async fn transactions(db_url: &str) -> i64 {
     .unwrap()
 }
 
+/// A replica's configuration: the fake provider without retries and with long timeouts (a
+/// stalled reply stays open), this lease.
+fn fake_config(fake: &FakeOpenAi, lease_ttl_ms: u64) -> String {
+    format!(
+        "[runtime]\nlease_ttl_ms = {lease_ttl_ms}\nshutdown_grace_ms = 300\n\n\
+         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
+         [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 60000\nidle_ms = 60000\ntotal_ms = 120000\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
+         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
+        fake.base_url()
+    )
+}
+
 async fn status_of(server: &ServerProcess, run_id: &str) -> String {
     server.get_json(&format!("/runs/{run_id}")).await["status"]
         .as_str()
@@ -200,14 +213,7 @@ async fn two_replicas_are_one_service() {
     );
     let stalled = text_stream(&["Thinking", " hard"]);
     fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
-    let config = format!(
-        "[runtime]\nlease_ttl_ms = 30000\nshutdown_grace_ms = 300\n\n\
-         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
-         [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 60000\nidle_ms = 60000\ntotal_ms = 120000\n\
-         [providers.fake.retry]\nmax_attempts = 1\n\
-         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
-        fake.base_url()
-    );
+    let config = fake_config(&fake, 30_000);
     let a = ServerProcess::start("replica-a", &config, &db.url).await;
     let b = ServerProcess::start("replica-b", &config, &db.url).await;
     let start = json!({"provider": "fake", "model": "fake-model", "input": "count"});
@@ -407,14 +413,7 @@ async fn a_replica_whose_clock_runs_ahead_takes_no_healthy_run() {
     let fake = FakeOpenAi::start().await;
     let stalled = text_stream(&["Thinking", " hard"]);
     fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
-    let config = format!(
-        "[runtime]\nlease_ttl_ms = 3000\nshutdown_grace_ms = 300\n\n\
-         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
-         [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 60000\nidle_ms = 60000\ntotal_ms = 120000\n\
-         [providers.fake.retry]\nmax_attempts = 1\n\
-         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
-        fake.base_url()
-    );
+    let config = fake_config(&fake, 3_000);
     let a = ServerProcess::start_with_env(
         "replica-a",
         &config,
@@ -556,14 +555,7 @@ async fn a_replica_cut_off_from_the_database_stops_its_calls_before_its_lease_ex
     let stalled = text_stream(&["Thinking", " hard"]);
     fake.push(Reply::stall_after(&stalled[..stalled.len() / 2]));
     fake.push(Reply::sse(&text_stream(&["Done", "."])));
-    let config = format!(
-        "[runtime]\nlease_ttl_ms = 3000\nshutdown_grace_ms = 300\n\n\
-         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
-         [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 60000\nidle_ms = 60000\ntotal_ms = 120000\n\
-         [providers.fake.retry]\nmax_attempts = 1\n\
-         [providers.fake.models.fake-model]\ncontext_window = 128000\nmax_output_tokens = 1024\n",
-        fake.base_url()
-    );
+    let config = fake_config(&fake, 3_000);
     let direct = reqwest::Url::parse(&db.url).unwrap();
     let upstream = tokio::net::lookup_host(format!(
         "{}:{}",
