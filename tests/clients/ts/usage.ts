@@ -81,7 +81,11 @@ export function describe(event: AgentEvent): string {
     case 'context_compaction_started':
       return `compacting (${event.trigger}): ${event.messages_to_summarise} messages, ${event.tokens_before} tokens, with ${event.model}`;
     case 'output_rejected':
-      return `answer rejected (attempt ${event.attempt}): ${event.errors}`;
+      return `answer rejected (attempt ${event.attempt}): ${event.errors
+        .map((error) => `${error.instance_path || '/'} ${error.message}`)
+        .join('; ')}`;
+    case 'tool_progress':
+      return `${event.call_id}: ${event.progress}${event.total != null ? `/${event.total}` : ''}${event.message ? ` ${event.message}` : ''}`;
     case 'tool_approval_decided':
       return `${event.tool_name} ${event.approved ? 'approved' : 'rejected'}${event.decided_by ? ` by ${event.decided_by}` : ''}`;
     default:
