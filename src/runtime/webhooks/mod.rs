@@ -82,12 +82,20 @@ impl Webhooks {
             .timeout(Duration::from_millis(config.timeout_ms))
             .build()
             .map_err(|error| error.to_string())?;
-        Ok(Some(Self {
+        let webhooks = Self {
             config: config.clone(),
             signer,
             client,
             wake,
-        }))
+        };
+        // A default URL every run would be refused for is the operator's mistake: said at
+        // startup, not as a 422 to each client (its host is resolved only at each run's create).
+        if let Some(url) = &config.url {
+            webhooks
+                .check_form(url)
+                .map_err(|problem| format!("[webhooks] url: {problem}"))?;
+        }
+        Ok(Some(webhooks))
     }
 
     /// Checks a webhook URL as at a run's create: an `http(s)` URL whose host is allowed and
@@ -96,6 +104,17 @@ impl Webhooks {
     /// # Errors
     /// [`WebhookProblem::Invalid`] saying what is wrong.
     pub async fn check(&self, url: &str) -> Result<(), WebhookProblem> {
+        let host = self.check_form(url)?;
+        address::resolve(&host, self.config.allow_private_addresses)
+            .await
+            .map_err(WebhookProblem::Invalid)?;
+        Ok(())
+    }
+
+    /// What can be checked of a URL without resolving its host: an `http(s)` URL without
+    /// credentials, whose host is allowed (and, for an address, not a private one unless those
+    /// are allowed). Returns the host.
+    fn check_form(&self, url: &str) -> Result<String, WebhookProblem> {
         let parsed = reqwest::Url::parse(url)
             .map_err(|error| WebhookProblem::Invalid(format!("is not a URL ({error})")))?;
         if !matches!(parsed.scheme(), "http" | "https") {
@@ -117,10 +136,20 @@ impl Webhooks {
                 "names host `{host}`, which is not in the server's [webhooks] allowed_hosts"
             )));
         }
-        address::resolve(host, self.config.allow_private_addresses)
-            .await
-            .map_err(WebhookProblem::Invalid)?;
-        Ok(())
+        let address = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .ok();
+        if let Some(ip) = address
+            && !self.config.allow_private_addresses
+            && address::is_private(ip)
+        {
+            return Err(WebhookProblem::Invalid(format!(
+                "names a private address ({ip}); set [webhooks] allow_private_addresses to allow it"
+            )));
+        }
+        Ok(host.to_owned())
     }
 
     /// The server's default webhook (`[webhooks] url`).
@@ -347,4 +376,38 @@ async fn deliver(webhooks: Arc<Webhooks>, store: Arc<dyn Store>, delivery: Claim
         }
     }
     // The claim expires and the delivery is attempted again: at least once still holds.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn webhooks(extra: &str) -> Result<Option<Webhooks>, String> {
+        let config = crate::config::Config::from_toml(&format!(
+            "[webhooks]\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYo=\"\n{extra}"
+        ))
+        .map_err(|error| error.to_string())?;
+        Webhooks::new(&config.webhooks, Arc::new(Notify::new()))
+    }
+
+    /// A default URL that every run would be refused for stops the server at startup.
+    #[tokio::test]
+    async fn a_default_url_every_run_would_be_refused_for_is_a_startup_error() {
+        let outside =
+            webhooks("allowed_hosts = [\"example.com\"]\nurl = \"https://hooks.example.org/in\"\n")
+                .err()
+                .expect("a host outside allowed_hosts was accepted");
+        assert!(outside.contains("allowed_hosts"), "{outside}");
+        let private = webhooks("url = \"http://127.0.0.1:9111/in\"\n")
+            .err()
+            .expect("a loopback default was accepted");
+        assert!(private.contains("allow_private_addresses"), "{private}");
+        let private6 = webhooks("url = \"http://[::1]:9111/in\"\n").err();
+        assert!(private6.is_some(), "[::1] was accepted");
+        assert!(
+            webhooks("url = \"http://127.0.0.1:9111/in\"\nallow_private_addresses = true\n")
+                .is_ok_and(|w| w.is_some())
+        );
+        assert!(webhooks("url = \"https://hooks.example.com/in\"\n").is_ok_and(|w| w.is_some()));
+    }
 }
