@@ -171,8 +171,9 @@ impl HttpTool {
     }
 
     /// An `application/x-ndjson` answer: `{"progress": …}` lines reported until a
-    /// `{"result": …}` or `{"error": "…"}` line; blank lines are skipped, any other line is a
-    /// failure, and so is a stream that ends without a result.
+    /// `{"result": …}` or `{"error": "…"}` line; blank lines and progress lines that do not
+    /// read are skipped, any other line is a failure, and so is a stream that ends without a
+    /// result.
     async fn read_ndjson(
         &self,
         response: reqwest::Response,
@@ -193,6 +194,11 @@ impl HttpTool {
                         sink.report(report.progress, report.total, report.message);
                     }
                 }
+                // A report that does not read (a string, a number out of range) is progress
+                // lost, not the result: it is skipped.
+                Err(e) if is_progress_line(&line) => {
+                    tracing::warn!(tool = %self.name, error = %e, line = %excerpt(&line), "skipped a progress line that does not read");
+                }
                 Err(e) => {
                     return Err(self.failed(&format!(
                         "a line of the stream is not progress, a result or an error ({e}): {}",
@@ -204,16 +210,18 @@ impl HttpTool {
         Err(self.failed("the stream ended without a `result` line"))
     }
 
-    /// Reports one `progress` event's data.
+    /// Reports one `progress` event's data; one that does not read (not JSON, a number out of
+    /// range) is skipped with a warning: a lost report never costs the tool's result.
     fn progress(&self, data: &str, progress: Option<&ProgressSink>) -> Result<(), ToolError> {
-        let report: ProgressReport = serde_json::from_str(data).map_err(|e| {
-            self.failed(&format!(
-                "a `progress` event is not {{\"progress\": number, …}} ({e}): {}",
-                excerpt(data)
-            ))
-        })?;
-        if let Some(sink) = progress {
-            sink.report(report.progress, report.total, report.message);
+        match serde_json::from_str::<ProgressReport>(data) {
+            Ok(report) => {
+                if let Some(sink) = progress {
+                    sink.report(report.progress, report.total, report.message);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(tool = %self.name, error = %e, data = %excerpt(data), "skipped a progress event that does not read");
+            }
         }
         Ok(())
     }
@@ -221,6 +229,17 @@ impl HttpTool {
     fn failed(&self, reason: &str) -> ToolError {
         ToolError::Failed(format!("HTTP tool `{}`: {reason}", self.name))
     }
+}
+
+/// An NDJSON line that is an object with a `progress` member (and no `result` or `error`).
+fn is_progress_line(line: &str) -> bool {
+    // The values are skipped unread: `1e999` is out of range as a number, not as JSON.
+    serde_json::from_str::<std::collections::HashMap<String, serde::de::IgnoredAny>>(line)
+        .is_ok_and(|object| {
+            object.contains_key("progress")
+                && !object.contains_key("result")
+                && !object.contains_key("error")
+        })
 }
 
 /// How a body of this content type is read (parameters ignored).

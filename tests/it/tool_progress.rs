@@ -221,6 +221,9 @@ async fn streaming_tools() -> String {
                     vec![
                         "event: progress\ndata: {\"progress\":1,\"total\":2,\"message\":\"half\"}\n\n"
                             .to_owned(),
+                        // Reports that do not read are skipped, never the result.
+                        "event: progress\ndata: {\"progress\":1e999}\n\n".to_owned(),
+                        "event: progress\ndata: not json\n\n".to_owned(),
                         ": a comment\n\nevent: progress\ndata: {\"progress\":2,\"total\":2}\n\n"
                             .to_owned(),
                         "event: result\ndata: {\"answer\":42}\n\n".to_owned(),
@@ -235,6 +238,7 @@ async fn streaming_tools() -> String {
                     "application/x-ndjson",
                     vec![
                         "{\"progress\":1,\"total\":2,\"message\":\"half\"}\n".to_owned(),
+                        "{\"progress\":1e999}\n{\"progress\":\"NaN\"}\n".to_owned(),
                         "\n{\"progress\":2,\"total\":2}\n".to_owned(),
                         "{\"result\":{\"answer\":42}}\n".to_owned(),
                     ],
