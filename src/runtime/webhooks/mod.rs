@@ -396,11 +396,11 @@ mod tests {
         let outside =
             webhooks("allowed_hosts = [\"example.com\"]\nurl = \"https://hooks.example.org/in\"\n")
                 .err()
-                .expect("a host outside allowed_hosts was accepted");
+                .unwrap_or_default();
         assert!(outside.contains("allowed_hosts"), "{outside}");
         let private = webhooks("url = \"http://127.0.0.1:9111/in\"\n")
             .err()
-            .expect("a loopback default was accepted");
+            .unwrap_or_default();
         assert!(private.contains("allow_private_addresses"), "{private}");
         let private6 = webhooks("url = \"http://[::1]:9111/in\"\n").err();
         assert!(private6.is_some(), "[::1] was accepted");
