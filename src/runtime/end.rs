@@ -143,7 +143,8 @@ async fn close_out_as(
         // Each open execution's `tool_execution_finished` precedes its tool message.
         tool_exec::finish_open_executions(emitter, &trail, reason).await?;
         let messages = store.session_messages(record.session_id).await?;
-        tool_exec::answer_open_calls(emitter, record, &messages, reason).await?;
+        let trail = emitter.trail();
+        tool_exec::answer_open_calls(emitter, record, &trail, &messages, reason).await?;
     }
     let status = end.status().as_str();
     let sequence = emitter.finish(end).await?;

@@ -369,13 +369,17 @@ pub(super) async fn finish_open_executions(
 
 /// After a run ended early (cancelled, failed, interrupted by a crash): answers every tool call
 /// of the run that has no tool message in `messages` (its session's), so the session's next
-/// run sends a valid history.
+/// run sends a valid history. A call whose result the log holds (`tool_execution_finished` in
+/// `trail`'s last turn: the run was stopped between logging a result and committing it) is
+/// answered with that result, so the session says what the log says; the others with
+/// `reason`.
 ///
 /// # Errors
 /// The event log's.
 pub(super) async fn answer_open_calls(
     emitter: &RunEmitter,
     record: &RunRecord,
+    trail: &RunTrail,
     messages: &[Message],
     reason: &str,
 ) -> Result<(), LogError> {
@@ -390,7 +394,24 @@ pub(super) async fn answer_open_calls(
             open.remove(position);
         }
     }
-    skip_calls(emitter, record, &open, reason).await
+    let logged = |call: &ToolCall| {
+        trail.turn().and_then(|turn| {
+            turn.executions
+                .iter()
+                .find(|execution| execution.call_id == call.id)
+                .and_then(|execution| execution.result.as_ref())
+        })
+    };
+    for call in &open {
+        let content = match logged(call) {
+            Some(result) => tool_content(result),
+            None => vec![ContentPart::Text {
+                text: format!("error: {reason}"),
+            }],
+        };
+        commit_tool_message(emitter, record, call, content).await?;
+    }
+    Ok(())
 }
 
 /// A new message of the run.

@@ -13,7 +13,7 @@ use sqlx::{Connection, Executor, PgConnection};
 
 use crate::store::{lease, leased_run, now_ms};
 use crate::support::db::{Backend, TestDb};
-use crate::support::fake_openai::{FakeOpenAi, Reply, text_stream};
+use crate::support::fake_openai::{FakeOpenAi, Reply, text_stream, tool_calls_stream};
 use crate::support::process::ServerProcess;
 
 async fn postgres() -> Option<TestDb> {
@@ -650,5 +650,161 @@ async fn a_replica_cut_off_from_the_database_stops_its_calls_before_its_lease_ex
     assert_eq!(types.last(), Some(&"run_completed"), "{types:?}");
     drop(server);
     db.assert_logs_fold().await;
+    db.cleanup().await;
+}
+
+/// A cancel sent to one replica at the moment a client tool's output reaches the other never
+/// tears a session: whichever wins, the log and the stored messages say the same thing (a
+/// committed tool message holds the result its `tool_execution_finished` logged, never the
+/// cancel's text), each call is answered once, and the session's next request is one OpenAI
+/// accepts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_racing_a_client_tools_output_on_another_replica_keeps_log_and_session_agreed() {
+    let Some(db) = postgres().await else {
+        return;
+    };
+    let fake = FakeOpenAi::start().await;
+    // A user turn gets a call of the client tool (a new id each turn); a tool result gets text.
+    fake.respond_with(|request| {
+        let messages = request.body["messages"].as_array()?;
+        let users = messages.iter().filter(|m| m["role"] == "user").count();
+        Some(match messages.last()?["role"].as_str()? {
+            "tool" => Reply::sse(&text_stream(&["Noted."])),
+            _ => Reply::sse(&tool_calls_stream(&[(
+                &format!("call_{users}"),
+                "get_location",
+                json!({}),
+            )])),
+        })
+    });
+    let config = fake_config(&fake, 30_000);
+    let a = ServerProcess::start("replica-a", &config, &db.url).await;
+    let b = ServerProcess::start("replica-b", &config, &db.url).await;
+    let tools = json!([{"name": "get_location", "description": "Where the user is."}]);
+    let mut session: Option<String> = None;
+    let mut outcomes = Vec::new();
+    for round in 0..8 {
+        let mut body = json!({"provider": "fake", "model": "fake-model",
+                              "input": format!("where am I? ({round})"), "tools": tools});
+        if let Some(session) = &session {
+            body["session_id"] = json!(session);
+        }
+        let (status, _, created) = a.post("/runs", &body).await;
+        assert_eq!(status, 202, "{created}");
+        let run_id = created["run_id"].as_str().unwrap().to_owned();
+        session.get_or_insert_with(|| created["session_id"].as_str().unwrap().to_owned());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let call_id = loop {
+            let run = a.get_json(&format!("/runs/{run_id}")).await;
+            if run["status"] == "requires_action" {
+                break run["required_action"]["tool_calls"][0]["call_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+            }
+            assert!(Instant::now() < deadline, "never waited: {run}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let output = json!({"tool_outputs": [{"call_id": call_id, "output": {"city": "Lyon"}}]});
+        // Alternate which replica gets which request, so both sides of the race run on each.
+        let (answering, cancelling) = if round % 2 == 0 { (&b, &a) } else { (&a, &b) };
+        let (answer_path, cancel_path) = (
+            format!("/runs/{run_id}/tool_outputs"),
+            format!("/runs/{run_id}/cancel?wait=true"),
+        );
+        let ((answered, _, _), (cancelled, _)) = tokio::join!(
+            answering.post(&answer_path, &output),
+            cancelling.post_empty(&cancel_path),
+        );
+        assert!(
+            matches!(answered, 200 | 202 | 409),
+            "tool_outputs: {answered}"
+        );
+        assert!(matches!(cancelled, 200 | 202), "cancel: {cancelled}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            let status = status_of(&a, &run_id).await;
+            if matches!(status.as_str(), "completed" | "cancelled" | "failed") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run_id} never ended: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        outcomes.push(format!("{answered}/{cancelled}→{status}"));
+
+        // The log's tool results, by committed message.
+        let frames = tokio::time::timeout(Duration::from_secs(10), watch(&b, &run_id))
+            .await
+            .unwrap()
+            .unwrap();
+        let events: Vec<serde_json::Value> = frames
+            .iter()
+            .map(|(_, _, data)| serde_json::from_str(data).unwrap())
+            .collect();
+        let finished: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["type"] == "tool_execution_finished")
+            .collect();
+        let committed: Vec<String> = events
+            .iter()
+            .filter(|e| e["type"] == "tool_message_committed")
+            .map(|e| e["message_id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(committed.len(), 1, "one answer to the call: {frames:#?}");
+        let messages = a
+            .get_json(&format!(
+                "/sessions/{}/messages?limit=200",
+                session.as_ref().unwrap()
+            ))
+            .await;
+        let stored: Vec<&serde_json::Value> = messages["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["run_id"] == run_id.as_str() && m["role"] == "tool")
+            .collect();
+        assert_eq!(stored.len(), 1, "one tool message stored: {messages:#}");
+        assert_eq!(stored[0]["id"], committed[0].as_str());
+        let text = stored[0]["content"].to_string();
+        match finished.last().map(|e| &e["result"]) {
+            Some(result) if result.get("Success").is_some() => {
+                assert!(
+                    text.contains("Lyon"),
+                    "round {round} ({status}): the log says the tool succeeded, the stored \
+                     message says {text}\n{frames:#?}"
+                );
+            }
+            _ => assert!(
+                !text.contains("Lyon"),
+                "round {round} ({status}): the stored message holds the output the log never \
+                 logged: {text}\n{frames:#?}"
+            ),
+        }
+    }
+    // The session's next run sends a history OpenAI accepts.
+    fake.respond_with(|_| Some(Reply::sse(&text_stream(&["Fine."]))));
+    let (status, _, created) = b
+        .post(
+            "/runs",
+            &json!({"session_id": session, "input": "and now?", "provider": "fake",
+                    "model": "fake-model"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{created}");
+    let run_id = created["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status_of(&b, &run_id).await != "completed" {
+        assert!(Instant::now() < deadline, "the next run never completed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for request in fake.requests() {
+        let violations = crate::support::validate::validate_openai_request(&request.body);
+        assert!(violations.is_empty(), "{violations:?}\n{}", request.body);
+    }
+    println!("cancel racing a client tool's output: {outcomes:?}");
+    drop((a, b));
     db.cleanup().await;
 }
