@@ -384,7 +384,9 @@ async fn agent_answer(
         fields.instructions = Some(text);
     }
     let permit = state.limits.open_watcher(caller)?;
-    let created = runs::start_run(state, caller, headers, fields).await?;
+    let created = runs::start_run(state, caller, headers, fields)
+        .await
+        .map_err(|error| error.field_renamed("input", "messages"))?;
     let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit).await?;
     run_id_header(&mut response, &created.record.id.to_string());
     Ok(response)

@@ -489,7 +489,9 @@ pub async fn send_chat_message(
                 fields.session_id = Some(session.id.to_string());
                 fields.input = Some(crate::domain::RunInput::Text(text));
                 let permit = state.limits.open_watcher(caller)?;
-                let created = runs::start_run(&state, caller, &headers, fields).await?;
+                let created = runs::start_run(&state, caller, &headers, fields)
+                    .await
+                    .map_err(|error| error.field_renamed("input", "messages"))?;
                 let mut response =
                     formats::stream(&state, &created.record, format, None, permit).await?;
                 run_id_headers(&mut response, created.record.id);

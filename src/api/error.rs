@@ -143,6 +143,23 @@ impl ApiError {
         self
     }
 
+    /// Names `to` as the offending field where this error names `from` or a field inside it
+    /// (`from.…`, `from[…]`): for a route whose body says in `to` what the run's create
+    /// request says in `from` (`/chat`'s and `/ag-ui`'s `messages` are a run's `input`).
+    #[must_use]
+    pub fn field_renamed(mut self, from: &str, to: &str) -> Self {
+        let inside = |field: &str| {
+            field == from
+                || field
+                    .strip_prefix(from)
+                    .is_some_and(|rest| rest.starts_with(['.', '[']))
+        };
+        if self.0.field.as_deref().is_some_and(inside) {
+            self.0.field = Some(to.to_owned());
+        }
+        self
+    }
+
     /// Names the run's status.
     #[must_use]
     pub fn with_status(mut self, status: RunStatus) -> Self {

@@ -34,7 +34,7 @@ pub use run::{
     DEFAULT_MAX_ITERATIONS_CAP, EXTERNAL_ID_RULE, FinishReason, IDEMPOTENCY_KEY_RULE,
     METADATA_MAX_BYTES, RequestProblem, RunEnd, RunOutput, RunRecord, RunStatus, Session,
     TITLE_MAX_BYTES, TokenUsage, ToolChoice, ToolChoiceMode, ToolChoiceTool, UpdateSessionRequest,
-    is_external_id, is_idempotency_key,
+    client_tools, is_external_id, is_idempotency_key, server_tools,
 };
 pub use snapshot::Snapshot;
 pub use webhook::{

@@ -744,10 +744,18 @@ impl CreateRunRequest {
         self.parameters().check()?;
         if let Some(webhook) = &self.webhook {
             let url = &webhook.url;
-            if url.len() > super::WEBHOOK_URL_MAX_BYTES || url.contains('\0') {
+            // The shape is checked here like every field's (`invalid_field`); whether the
+            // server may post to it, at admission (`invalid_webhook`). A URL parser would
+            // quietly strip surrounding spaces and control characters: refused instead.
+            if url.len() > super::WEBHOOK_URL_MAX_BYTES
+                || url.chars().any(char::is_control)
+                || url.trim() != url
+                || url.is_empty()
+            {
                 return Err(invalid(
-                    "webhook",
-                    "webhook.url must be an http(s) URL of at most 2048 bytes",
+                    "webhook.url",
+                    "must be an http(s) URL of at most 2048 bytes, without control characters \
+                     or surrounding spaces",
                 ));
             }
         }
@@ -1040,29 +1048,41 @@ impl RunRecord {
     /// The server tools the run may call by name; `None`: every configured one.
     #[must_use]
     pub fn server_tools(&self) -> Option<Vec<String>> {
-        self.tools.as_ref().map(|tools| {
-            tools
-                .iter()
-                .filter_map(|tool| match tool {
-                    RunTool::Server(name) => Some(name.clone()),
-                    RunTool::Client(_) => None,
-                })
-                .collect()
-        })
+        server_tools(self.tools.as_deref())
     }
 
     /// The tools the run defined for the client to execute.
     #[must_use]
     pub fn client_tools(&self) -> Vec<&super::agent::ToolDefinition> {
-        self.tools
+        client_tools(self.tools.as_deref())
+    }
+}
+
+/// The server tools a run with `tools` may call by name; `None`: every configured one.
+#[must_use]
+pub fn server_tools(tools: Option<&[RunTool]>) -> Option<Vec<String>> {
+    tools.map(|tools| {
+        tools
             .iter()
-            .flatten()
             .filter_map(|tool| match tool {
-                RunTool::Client(definition) => Some(definition),
-                RunTool::Server(_) => None,
+                RunTool::Server(name) => Some(name.clone()),
+                RunTool::Client(_) => None,
             })
             .collect()
-    }
+    })
+}
+
+/// The tools among `tools` that the client executes.
+#[must_use]
+pub fn client_tools(tools: Option<&[RunTool]>) -> Vec<&super::agent::ToolDefinition> {
+    tools
+        .into_iter()
+        .flatten()
+        .filter_map(|tool| match tool {
+            RunTool::Client(definition) => Some(definition),
+            RunTool::Server(_) => None,
+        })
+        .collect()
 }
 
 /// Body of `POST /sessions`: a JSON object, every field optional.

@@ -16,9 +16,11 @@ pub const WEBHOOK_URL_MAX_BYTES: usize = 2048;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Webhook {
-    /// An `http` or `https` URL of at most 2048 bytes. Its host must be in the server's
+    /// An `http` or `https` URL of at most 2048 bytes, without control characters or surrounding
+    /// spaces (else 422 `invalid_field`, `field: webhook.url`). Its host must be in the server's
     /// `[webhooks] allowed_hosts` (when that list is not empty) and resolve to public
-    /// addresses only (no loopback, private, link-local or unique-local address) unless
+    /// addresses only (none that IANA's special-purpose registries do not mark globally
+    /// reachable: loopback, private, link-local, unique-local, documentation, …) unless
     /// `[webhooks] allow_private_addresses` is set; checked when the run is created (422
     /// `invalid_webhook`) and again at each delivery.
     #[schema(max_length = 2048, example = "https://example.com/hooks/behest")]

@@ -444,13 +444,22 @@ impl Runtime {
 /// The tools offered to the model: the run's server tools (all configured ones when it lists
 /// none), then the tools it defined, in its order.
 pub(super) fn tool_specs(runtime: &Runtime, record: &RunRecord) -> Vec<ToolSpec> {
-    let server = record.server_tools();
+    tool_specs_of(runtime, record.tools.as_deref())
+}
+
+/// [`tool_specs`] of a run with `tools` (its record's or, before it exists, its request's).
+pub(super) fn tool_specs_of(runtime: &Runtime, tools: Option<&[RunTool]>) -> Vec<ToolSpec> {
+    let server = crate::domain::server_tools(tools);
     let mut specs = runtime.tools().specs(server.as_deref());
-    specs.extend(record.client_tools().into_iter().map(|tool| ToolSpec {
-        name: tool.name.clone(),
-        description: tool.description.clone(),
-        parameters: tool.parameters.clone(),
-    }));
+    specs.extend(
+        crate::domain::client_tools(tools)
+            .into_iter()
+            .map(|tool| ToolSpec {
+                name: tool.name.clone(),
+                description: tool.description.clone(),
+                parameters: tool.parameters.clone(),
+            }),
+    );
     specs
 }
 

@@ -119,12 +119,13 @@ pub enum CreateRunError {
     /// `[runtime] max_active_runs` runs are active in this process.
     #[error("{0} runs are active, the most this server runs at once; retry shortly")]
     TooManyActiveRuns(usize),
-    /// The input alone does not fit the model's context window less the answer's
-    /// `max_output_tokens` (estimated as compaction estimates a request): no run could send it.
+    /// The input, with the run's instructions and tool definitions that every request
+    /// carries, does not fit the model's context window less the answer's `max_output_tokens`
+    /// (estimated as compaction estimates a request): no run could send it.
     #[error(
-        "the input (about {estimated} tokens) does not fit the context window of model `{model}`: \
-         a request may hold at most {limit} tokens (its context_window less the answer's \
-         max_output_tokens)"
+        "the input with the run's instructions and tool definitions (about {estimated} tokens) \
+         does not fit the context window of model `{model}`: a request may hold at most {limit} \
+         tokens (its context_window less the answer's max_output_tokens)"
     )]
     InputTooLarge {
         /// The model.
@@ -442,6 +443,8 @@ impl Runtime {
             .unwrap_or(model.max_output_tokens);
         compaction::check_input(
             new_run.user_message(),
+            new_run.definition.instructions.clone(),
+            agents::tool_specs_of(self, new_run.tools.as_deref()),
             &new_run.model,
             compaction::Window::of(model, max_output),
         )

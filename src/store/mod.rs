@@ -423,8 +423,9 @@ pub struct SessionContext {
     /// never compacted.
     pub compaction: Option<Compaction>,
     /// Without a compaction: every message, oldest first. After one: the session's system
-    /// messages up to it, then its latest user input when the compaction covers it, then every
-    /// message after the compaction, oldest first.
+    /// messages up to it, then the user input of the turn it ends in when the compaction covers
+    /// it (the latest input, or an older one whose assistant message follows the compaction),
+    /// then every message after the compaction, oldest first.
     pub messages: Vec<Message>,
     /// The calibration of the session's last model call, if one reported its usage.
     pub calibration: Option<Calibration>,

@@ -249,6 +249,14 @@ async fn chat_keeps_the_client_id(backend: Backend) {
             "unknown_provider",
             Some("provider"),
         ),
+        // The run's input is the last message here: its errors name `messages`.
+        (
+            json!({"id": CHAT_ID, "messages": [user(&"word ".repeat(40_000))],
+                   "provider": "demo", "model": "demo"}),
+            422,
+            "input_too_large",
+            Some("messages"),
+        ),
     ];
     for (body, status, code, field) in bad {
         let answer = post(&server, "/chat", &body).await;

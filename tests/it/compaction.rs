@@ -63,7 +63,7 @@ fn config(wire: Wire, base_url: &str, tools: &LookupServer, compaction: &str) ->
 // The fake model
 
 /// What the summariser answers.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 enum Summaries {
     /// "Summary N: …" of a few dozen words.
     Short,
@@ -73,6 +73,8 @@ enum Summaries {
     Empty,
     /// A summary longer than what it replaces.
     Huge,
+    /// A summary of this many words (shorter than what it replaces, but long).
+    Words(usize),
     /// Some text, then the connection is cut (no finish reason, no usage).
     Cut,
     /// A short summary, its stream paused this long after its first byte (a large local
@@ -156,6 +158,7 @@ impl Model {
                 }
                 Summaries::Empty => String::new(),
                 Summaries::Huge => "The conversation went on at length. ".repeat(900),
+                Summaries::Words(words) => "word ".repeat(words),
                 Summaries::Short => format!(
                     "Summary {n}: the user asked for records one by one; each was looked up \
                      with the lookup tool and reported. The latest input came last."
@@ -1555,87 +1558,96 @@ async fn run_body(server: &TestServer, mut body: Value) -> (Vec<Frame>, Value) {
     (frames, server.get_json(&format!("/runs/{run_id}")).await)
 }
 
-/// A request that cannot fit, whatever compaction does (instructions longer than the window),
-/// fails before its first model call — and its log still opens with `run_started`. An input
-/// that alone does not fit is refused at create (`422 input_too_large`): nothing is stored.
-async fn a_request_that_cannot_fit_fails_after_run_started(backend: Backend) {
+/// A request that cannot fit whatever compaction does — an input, or a short input with
+/// instructions or tool definitions, longer than the window (every request carries all three)
+/// — is refused at create (`422 input_too_large`): nothing is stored, nothing is sent.
+async fn a_request_that_cannot_fit_is_refused_at_create(backend: Backend) {
     let Some((server, fake, _model, _tools)) = start(backend, Wire::OpenAi, COMPACTION, 60).await
     else {
         return;
     };
-    let (frames, record) = run_body(
-        &server,
-        json!({"input": "Hello.", "instructions": "word ".repeat(7_000)}),
-    )
-    .await;
-    assert_eq!(record["status"], "failed", "{record}");
-    assert_eq!(frames[0].event, "run_started", "{frames:?}");
-    assert_eq!(frames[0].sequence(), 1);
-    let failed = frames.last().unwrap().json();
-    assert_eq!(failed["type"], "run_failed", "{failed}");
-    assert_eq!(failed["error_class"], "context_length_exceeded", "{failed}");
-    assert!(model_requests(&fake).is_empty(), "nothing was sent");
-
     let sessions = server.get_json("/sessions").await;
     let runs = server.get_json("/runs").await;
-    let refused = server
-        .client
-        .post(server.url("/runs"))
-        .json(&json!({"provider": "fake", "model": "fake-model",
-                      "input": "word ".repeat(7_000)}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), 422);
-    let problem: Value = refused.json().await.unwrap();
-    assert_eq!(problem["code"], "input_too_large", "{problem}");
-    assert_eq!(problem["field"], "input", "{problem}");
-    assert!(
-        problem["detail"].as_str().unwrap().contains("fake-model"),
-        "{problem}"
+    let long_tool = json!([{"name": "lookup_everything", "description": "word ".repeat(7_000)}]);
+    for body in [
+        json!({"input": "word ".repeat(7_000)}),
+        json!({"input": "Hello.", "instructions": "word ".repeat(7_000)}),
+        json!({"input": "Hello.", "tools": long_tool}),
+    ] {
+        let mut body = body;
+        body["provider"] = json!("fake");
+        body["model"] = json!("fake-model");
+        let refused = server
+            .client
+            .post(server.url("/runs"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 422);
+        let problem: Value = refused.json().await.unwrap();
+        assert_eq!(problem["code"], "input_too_large", "{problem}");
+        assert_eq!(problem["field"], "input", "{problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("fake-model"),
+            "{problem}"
+        );
+    }
+    assert!(model_requests(&fake).is_empty(), "nothing was sent");
+    // Short enough with its instructions: created.
+    let (_, record) = run_body(
+        &server,
+        json!({"input": "Hello.", "instructions": "word ".repeat(50)}),
+    )
+    .await;
+    assert_ne!(record["status"], "failed", "{record}");
+    let runs_after = server.get_json("/runs").await;
+    assert_eq!(
+        runs_after["runs"].as_array().map(Vec::len),
+        runs["runs"].as_array().map(|r| r.len() + 1),
+        "only the run that fits was created"
     );
     assert_eq!(
-        server.get_json("/sessions").await,
-        sessions,
-        "no session created"
+        server.get_json("/sessions").await["sessions"]
+            .as_array()
+            .map(Vec::len),
+        sessions["sessions"].as_array().map(|s| s.len() + 1),
+        "only the run that fits created a session"
     );
-    assert_eq!(server.get_json("/runs").await, runs, "no run created");
     server.db.as_ref().unwrap().assert_logs_fold().await;
     server.stop().await;
 }
 
-/// A compaction that leaves the request over the window (the latest input, kept verbatim, is
-/// too long with the run's instructions) does not send it: the run fails with
-/// `context_length_exceeded`, the model never sees it, and the session goes on — the next
-/// input is accepted and answered with a valid history.
+/// A request still over the window after compaction (what compaction keeps verbatim — the
+/// latest input with its instructions, the summary, the run's own turn — is too long) is not
+/// sent: the run fails with `context_length_exceeded`, the model never sees a request over its
+/// window, and the session goes on — the next input is accepted and answered with a valid
+/// history.
 async fn a_compacted_request_still_too_long_is_not_sent(backend: Backend) {
     for wire in WIRES {
-        let Some((server, fake, _model, _tools)) = start(backend, wire, COMPACTION, 200).await
+        let Some((server, fake, model, _tools)) = start(backend, wire, COMPACTION, 200).await
         else {
             return;
         };
+        // Four turns, summarised in 500 words: the first call fits, the tool result after it
+        // does not, and nothing is left to compact.
         let (session, _) = session(&server, 4).await;
-        let sent = model_requests(&fake).len();
+        model.summaries(&[Summaries::Words(500); 3]);
         let (frames, record) = run_body(
             &server,
-            json!({"session_id": session, "input": "word ".repeat(5_000),
-                   "instructions": "word ".repeat(2_500)}),
+            // Alone with its instructions the input fits (else it is refused at create).
+            json!({"session_id": session, "input": "word ".repeat(3_700),
+                   "instructions": "word ".repeat(1_800)}),
         )
         .await;
         assert_eq!(record["status"], "failed", "{record}");
-        assert_eq!(of_type(&frames, "context_compacted").len(), 1, "{frames:?}");
+        assert!(
+            !of_type(&frames, "context_compacted").is_empty(),
+            "{frames:?}"
+        );
         let failed = frames.last().unwrap().json();
         assert_eq!(failed["error_class"], "context_length_exceeded", "{failed}");
-        assert!(
-            failed["error"].as_str().unwrap().contains("still too long"),
-            "{failed}"
-        );
-        assert_eq!(
-            model_requests(&fake).len(),
-            sent,
-            "the request was not sent"
-        );
-        assert_eq!(fake.rejected(), 0);
+        assert_eq!(fake.rejected(), 0, "no request over the window was sent");
         let (_, _, record) = run(&server, "Turn 5: look up k5, please.", Some(&session)).await;
         assert_eq!(record["status"], "completed", "{record}");
         assert_valid_and_fitting(wire, &fake);
@@ -1645,7 +1657,7 @@ async fn a_compacted_request_still_too_long_is_not_sent(backend: Backend) {
 }
 
 on_both_backends!(
-    a_request_that_cannot_fit_fails_after_run_started,
+    a_request_that_cannot_fit_is_refused_at_create,
     a_compacted_request_still_too_long_is_not_sent,
     calibration_follows_a_server_that_counts_differently,
     compaction_is_visible_while_the_summariser_works,

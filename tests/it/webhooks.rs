@@ -382,15 +382,44 @@ async fn webhooks_not_allowed_are_refused_and_runs_without_one_write_nothing(bac
     else {
         return;
     };
+    let long = format!("https://hooks.example.com/{}", "a".repeat(2048));
     let refused = [
-        ("http://127.0.0.1:9/hook", "invalid_webhook"),
-        ("http://localhost:9/hook", "invalid_webhook"),
-        ("http://[::1]:9/hook", "invalid_webhook"),
-        ("https://other.example.com/hook", "invalid_webhook"),
-        ("ftp://hooks.example.com/hook", "invalid_webhook"),
-        ("not a url", "invalid_webhook"),
+        ("http://127.0.0.1:9/hook", "invalid_webhook", "webhook"),
+        ("http://localhost:9/hook", "invalid_webhook", "webhook"),
+        ("http://[::1]:9/hook", "invalid_webhook", "webhook"),
+        (
+            "http://[64:ff9b::7f00:1]:9/hook",
+            "invalid_webhook",
+            "webhook",
+        ),
+        ("http://198.18.0.1:9/hook", "invalid_webhook", "webhook"),
+        (
+            "https://other.example.com/hook",
+            "invalid_webhook",
+            "webhook",
+        ),
+        ("ftp://hooks.example.com/hook", "invalid_webhook", "webhook"),
+        ("not a url", "invalid_webhook", "webhook"),
+        // The shape, checked like any field's: a URL parser would strip these quietly.
+        (
+            " https://hooks.example.com/hook",
+            "invalid_field",
+            "webhook.url",
+        ),
+        (
+            "https://hooks.example.com/hook\t",
+            "invalid_field",
+            "webhook.url",
+        ),
+        (
+            "https://hooks.example.com/\u{0}",
+            "invalid_field",
+            "webhook.url",
+        ),
+        ("", "invalid_field", "webhook.url"),
+        (long.as_str(), "invalid_field", "webhook.url"),
     ];
-    for (url, code) in refused {
+    for (url, code, field) in refused {
         let response = server
             .client
             .post(server.url("/runs"))
@@ -402,7 +431,7 @@ async fn webhooks_not_allowed_are_refused_and_runs_without_one_write_nothing(bac
         assert_eq!(response.status(), 422, "{url}");
         let problem: Value = response.json().await.unwrap();
         assert_eq!(problem["code"], code, "{url}: {problem}");
-        assert_eq!(problem["field"], "webhook", "{problem}");
+        assert_eq!(problem["field"], field, "{problem}");
     }
     // A bad shape is the body's error.
     let response = server

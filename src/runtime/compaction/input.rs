@@ -6,6 +6,7 @@
 use super::call::Window;
 use super::conversation::Conversation;
 use crate::domain::{ContentPart, Message};
+use crate::provider::ToolSpec;
 use crate::runtime::tokens::{IMAGE_TOKENS, PER_MESSAGE_OVERHEAD, REPLY_PRIMING, Tokenizer};
 use crate::store::SessionContext;
 
@@ -18,8 +19,9 @@ pub(in crate::runtime) struct TooLarge {
     pub limit: u64,
 }
 
-/// Whether `input` (the run's user message) alone fits `window` for `model`, estimated as a
-/// request of it alone without a calibration ([`Conversation::measure`]: the model's tokenizer
+/// Whether `input` (the run's user message) fits `window` for `model` in a request of it
+/// alone with the run's `instructions` and `tools` (every request carries both), estimated
+/// without a calibration ([`Conversation::measure`]: the model's tokenizer
 /// or the `o200k_base` estimate ×1.2, an image as 1,000 tokens, the reply priming). A bound
 /// from the input's bytes (a token is at least one byte) answers most inputs without the
 /// tokenizer; a larger one is counted on a blocking thread (which loads the tables once).
@@ -28,6 +30,8 @@ pub(in crate::runtime) struct TooLarge {
 /// [`TooLarge`] when the estimate is over the window less the answer.
 pub(in crate::runtime) async fn check_input(
     input: Message,
+    instructions: Option<String>,
+    tools: Vec<ToolSpec>,
     model: &str,
     window: Window,
 ) -> Result<(), TooLarge> {
@@ -41,13 +45,20 @@ pub(in crate::runtime) async fn check_input(
             ContentPart::Json { value } => value.to_string().len(),
             ContentPart::Image { .. } => 0,
         })
-        .sum();
+        .sum::<usize>()
+        + instructions.as_ref().map_or(0, String::len)
+        + tools
+            .iter()
+            .map(|tool| {
+                tool.name.len() + tool.description.len() + tool.parameters.to_string().len()
+            })
+            .sum::<usize>();
     let images = input
         .content
         .iter()
         .filter(|part| matches!(part, ContentPart::Image { .. }))
         .count() as u64;
-    let bound = PER_MESSAGE_OVERHEAD + REPLY_PRIMING + bytes as u64 + images * IMAGE_TOKENS;
+    let bound = 2 * PER_MESSAGE_OVERHEAD + REPLY_PRIMING + bytes as u64 + images * IMAGE_TOKENS;
     if (bound as f64 * tokenizer.prior_ratio()).ceil() as u64 <= limit {
         return Ok(());
     }
@@ -60,7 +71,10 @@ pub(in crate::runtime) async fn check_input(
             messages: vec![input],
             ..SessionContext::default()
         };
-        Conversation::new(context, &model).measure(&[]).estimated
+        Conversation::new(context, &model)
+            .with_instructions(instructions.as_deref())
+            .measure(&tools)
+            .estimated
     })
     .await
     // A counting thread that failed cannot say the input is too large: the run's own checks

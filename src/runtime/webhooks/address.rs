@@ -6,14 +6,22 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-/// Whether `ip` is no public address: loopback, private (RFC 1918), link-local, carrier-grade
-/// NAT (100.64/10), unspecified, broadcast, multicast, `0.0.0.0/8`, IPv6 unique-local
-/// (fc00::/7) or link-local (fe80::/10), or an IPv4-mapped one of those.
+/// Whether `ip` is no public address: any block of IANA's special-purpose registries
+/// (<https://www.iana.org/assignments/iana-ipv4-special-registry>,
+/// <https://www.iana.org/assignments/iana-ipv6-special-registry>) that is not globally
+/// reachable — loopback, private (RFC 1918), link-local, carrier-grade NAT (100.64/10), IETF
+/// protocol assignments (192.0.0/24), documentation (192.0.2/24, 198.51.100/24, 203.0.113/24,
+/// 2001:db8::/32), benchmarking (198.18/15, 2001:2::/48), the 6to4 relay anycast
+/// (192.88.99/24), reserved (240/4), broadcast, `0.0.0.0/8`, multicast, IPv6 unique-local
+/// (fc00::/7), link-local (fe80::/10), site-local (fec0::/10), discard (100::/64), the IETF
+/// protocol block 2001::/23 (Teredo among them), NAT64's local-use 64:ff9b:1::/48 — and an IPv6
+/// address that carries an IPv4 one (IPv4-mapped `::ffff:0:0/96`, IPv4-compatible `::/96`,
+/// NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) when that IPv4 address is not public.
 #[must_use]
 pub fn is_private(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
+            let [a, b, c, _] = v4.octets();
             v4.is_loopback()
                 || v4.is_private()
                 || v4.is_link_local()
@@ -21,19 +29,52 @@ pub fn is_private(ip: IpAddr) -> bool {
                 || v4.is_broadcast()
                 || v4.is_multicast()
                 || a == 0
+                || a >= 240
                 || (a == 100 && (b & 0xc0) == 64)
+                || (a, b, c) == (192, 0, 0)
+                || (a, b, c) == (192, 0, 2)
+                || (a, b, c) == (192, 88, 99)
+                || (a == 198 && (b & 0xfe) == 18)
+                || (a, b, c) == (198, 51, 100)
+                || (a, b, c) == (203, 0, 113)
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            if let Some(v4) = embedded_v4(v6) {
                 return is_private(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let s = v6.segments();
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xffc0) == 0xfec0
+                || s[..4] == [0x100, 0, 0, 0]
+                || (s[0] == 0x2001 && s[1] < 0x200)
+                || s[..2] == [0x2001, 0xdb8]
+                || s[..3] == [0x64, 0xff9b, 1]
         }
+    }
+}
+
+/// The IPv4 address an IPv6 address carries, by its prefix: IPv4-mapped (`::ffff:a.b.c.d`,
+/// RFC 4291), IPv4-compatible (`::a.b.c.d`, deprecated; not `::` or `::1`), NAT64's well-known
+/// prefix (`64:ff9b::a.b.c.d`, RFC 6052) and 6to4 (`2002:AABB:CCDD::/48`, RFC 3056).
+fn embedded_v4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    let s = v6.segments();
+    let tail = |hi: u16, lo: u16| {
+        let [a, b] = hi.to_be_bytes();
+        let [c, d] = lo.to_be_bytes();
+        std::net::Ipv4Addr::new(a, b, c, d)
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    match s {
+        [0, 0, 0, 0, 0, 0, hi, lo] if hi != 0 => Some(tail(hi, lo)),
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Some(tail(hi, lo)),
+        [0x2002, hi, lo, ..] => Some(tail(hi, lo)),
+        _ => None,
     }
 }
 
@@ -103,10 +144,40 @@ mod tests {
             "fe80::1",
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
+            "192.0.0.8",
+            "192.0.2.1",
+            "192.88.99.1",
+            "198.18.0.1",
+            "198.19.255.254",
+            "198.51.100.7",
+            "203.0.113.9",
+            "240.0.0.1",
+            "255.255.255.255",
+            "64:ff9b::7f00:1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::1",
+            "2002:7f00:1::1",
+            "2002:c0a8:101::1",
+            "::7f00:1",
+            "2001:db8::1",
+            "2001::1",
+            "2001:2::1",
+            "100::1",
+            "fec0::1",
         ] {
             assert!(is_private(private.parse().unwrap()), "{private}");
         }
-        for public in ["1.1.1.1", "93.184.216.34", "100.128.0.1", "2606:4700::1111"] {
+        for public in [
+            "1.1.1.1",
+            "93.184.216.34",
+            "100.128.0.1",
+            "198.20.0.1",
+            "192.0.1.1",
+            "2606:4700::1111",
+            "64:ff9b::101:101",
+            "2002:101:101::1",
+            "2a00:1450::1",
+        ] {
             assert!(!is_private(public.parse().unwrap()), "{public}");
         }
     }

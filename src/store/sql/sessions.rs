@@ -309,11 +309,16 @@ macro_rules! impl_session_store {
                 .bind(through_seq)
                 .fetch_all(&self.pool)
                 .await?;
-                // The latest user input is kept verbatim, even when the compaction covers it.
+                // The user input of the turn the compaction ends in is kept verbatim, though
+                // the compaction covers it: the latest input, and an older one whose turn goes
+                // on after the compaction (its assistant message and tool results follow), so
+                // the messages never start with an assistant's (which Anthropic refuses).
                 let pinned: Option<MessageRow> = sqlx::query_as(&format!(
                     "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = $1 \
-                     AND role = 'user' AND seq <= $2 AND NOT EXISTS (SELECT 1 FROM messages \
+                     AND role = 'user' AND seq <= $2 AND (NOT EXISTS (SELECT 1 FROM messages \
                      WHERE session_id = $1 AND role = 'user' AND seq > $2) \
+                     OR (SELECT role FROM messages WHERE session_id = $1 AND seq > $2 \
+                     AND role <> 'system' ORDER BY seq LIMIT 1) <> 'user') \
                      ORDER BY seq DESC LIMIT 1"
                 ))
                 .bind(session_id.0)
