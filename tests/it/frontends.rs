@@ -867,6 +867,21 @@ mod ids {
             }
         }
         assert_eq!(namespaced.len(), 8, "{namespaced:?}");
+        // AG-UI's tool results are the stored tool messages, by id.
+        let stored: Vec<&Value> = messages["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| &m["id"])
+            .collect();
+        let results: Vec<&Value> = rendered
+            .iter()
+            .filter(|(format, _)| *format == "ag-ui")
+            .flat_map(|(_, frames)| frames.iter().filter(|f| f["type"] == "TOOL_CALL_RESULT"))
+            .map(|f| &f["messageId"])
+            .collect();
+        assert_eq!(results, stored);
         server.db.as_ref().unwrap().assert_logs_fold().await;
         server.stop().await;
     }
