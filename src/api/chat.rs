@@ -21,7 +21,7 @@ use super::formats::{self, Cursor, Format};
 use super::{ApiError, AppState, Problem, actions, runs};
 use crate::domain::{ActionAnswer, CreateRunRequest, PendingKind, RunId, RunRecord, Session};
 use crate::runtime::Answer;
-use crate::runtime::client_sessions::in_progress;
+use crate::runtime::client_sessions::{PausedCall, in_progress};
 
 /// Query of the `/chat` routes: the UI message stream's dialect. Unknown parameters are
 /// ignored (a `useChat` `api` URL may carry the app's own).
@@ -204,23 +204,30 @@ pub(super) struct ClientAnswers {
 }
 
 impl ClientAnswers {
-    /// The answer given for the provider's call `call_id` of run `run_id`: under its namespaced
-    /// id (the latest one sent for that call) or, from a client that kept the plain id, that.
-    pub fn find(&self, run_id: RunId, call_id: &str) -> Option<&ActionAnswer> {
+    /// The answer given for `call` of a pause: the latest one sent under its namespaced id
+    /// (the id the client received, which names one call of one model call) or, from a client
+    /// that kept the provider's plain id, under that (which may name a call of every pause
+    /// that reused it: the pause matched is then the latest).
+    pub fn find(&self, call: &PausedCall) -> Option<&ActionAnswer> {
         self.answers
             .iter()
             .rev()
-            .find(|(sent, _)| match formats::split_tool_call_id(sent) {
-                Some((run, _, call)) => run == run_id && call == call_id,
-                None => sent == call_id,
-            })
+            .find(|(sent, _)| *sent == call.name || *sent == call.call_id)
             .map(|(_, answer)| answer)
+    }
+
+    /// Whether an answer names `call` by its namespaced id.
+    fn names(&self, call: &PausedCall) -> bool {
+        self.answers.iter().any(|(sent, _)| *sent == call.name)
     }
 }
 
 /// Answers `run`'s calls from `given` and returns the cursor of the pause they answer, after
-/// which the continuation streams. When the run waits for calls the client answered, those
-/// answers are recorded (tool outputs, then approvals, each kind all at once as
+/// which the continuation streams. The pause is found by the calls' namespaced ids (the ids
+/// the client received; [`Runtime::pauses`] names them with the renderings' own fold), so a
+/// provider that said `call_1` in two pauses of the run never has one pause's answers taken
+/// for the other's. When the run waits for calls the client answered, those answers are
+/// recorded (tool outputs, then approvals, each kind all at once as
 /// `POST /runs/{run_id}/tool_outputs` and `/approvals` require; the same errors). When the
 /// client answered an earlier pause (a repeated post, the run has moved on), nothing is
 /// recorded and the continuation of that pause streams again — when the answers are those
@@ -229,6 +236,8 @@ impl ClientAnswers {
 /// # Errors
 /// 409 `run_not_waiting` when the run neither waits for these answers nor paused for them
 /// before; the runtime's answer errors (`missing_tool_calls`, …) with `field`.
+///
+/// [`Runtime::pauses`]: crate::runtime::Runtime::pauses
 pub(super) async fn answer_pause(
     state: &AppState,
     caller: Caller,
@@ -236,20 +245,29 @@ pub(super) async fn answer_pause(
     given: &ClientAnswers,
     field: &str,
 ) -> Result<Cursor, ApiError> {
+    let pauses = state.runtime.pauses(run.id).await?;
     let pending = run
         .required_action
         .as_ref()
         .filter(|_| run.status == crate::domain::RunStatus::RequiresAction)
         .map(|action| action.tool_calls.clone())
         .unwrap_or_default();
-    let fresh = pending
-        .iter()
-        .any(|call| given.find(run.id, &call.call_id).is_some());
-    if fresh {
+    // The pause the run waits at is its latest (its calls are `required_action`'s).
+    let waiting = pauses.last().filter(|pause| {
+        !pending.is_empty()
+            && pause
+                .calls
+                .iter()
+                .map(|call| call.call_id.as_str())
+                .eq(pending.iter().map(|call| call.call_id.as_str()))
+    });
+    if let Some(pause) = waiting.filter(|pause| pause.calls.iter().any(|c| given.find(c).is_some()))
+    {
         // Every call is answered, or nothing is recorded.
-        let missing: Vec<String> = pending
+        let missing: Vec<String> = pause
+            .calls
             .iter()
-            .filter(|call| given.find(run.id, &call.call_id).is_none())
+            .filter(|call| given.find(call).is_none())
             .map(|call| call.call_id.clone())
             .collect();
         if !missing.is_empty() {
@@ -258,24 +276,19 @@ pub(super) async fn answer_pause(
                 field,
             ));
         }
-        let ids: Vec<&str> = pending.iter().map(|call| call.call_id.as_str()).collect();
-        let pause = match state.runtime.pause_answered(run.id, &ids).await? {
-            Some(pause) => pause,
-            None => state.runtime.store().last_sequence(run.id).await?,
-        };
         for kind in [PendingKind::ClientTool, PendingKind::Approval] {
             let of_kind: Vec<Answer> = pending
                 .iter()
-                .filter(|call| call.kind == kind)
-                .filter_map(|call| {
-                    given.find(run.id, &call.call_id).map(|answer| Answer {
+                .zip(&pause.calls)
+                .filter(|(call, _)| call.kind == kind)
+                .filter_map(|(call, named)| {
+                    given.find(named).map(|answer| Answer {
                         call_id: call.call_id.clone(),
                         answer: actions::sent_by(caller, answer.clone()),
                     })
                 })
                 .collect();
-            let waits = pending.iter().any(|call| call.kind == kind);
-            if !waits {
+            if of_kind.is_empty() {
                 continue;
             }
             // A concurrent identical post that answered first is accepted again: the same
@@ -286,39 +299,22 @@ pub(super) async fn answer_pause(
                 .await
                 .map_err(|error| actions::answer_error(error, field))?;
         }
-        return Ok(Cursor::after(pause));
+        return Ok(Cursor::after(pause.sequence));
     }
-    let answered: Vec<&str> = given
-        .answers
+    // An earlier pause: the latest one a namespaced id names, else (a client that kept plain
+    // ids) the latest one a plain id names.
+    let answered = pauses
         .iter()
-        .filter_map(|(sent, _)| match formats::split_tool_call_id(sent) {
-            Some((run_id, _, call)) if run_id == run.id => Some(call),
-            Some(_) => None,
-            None => Some(sent.as_str()),
-        })
-        .collect();
-    match state.runtime.pause_answered(run.id, &answered).await? {
-        Some(pause) => {
-            // A repeated post streams the continuation again — only when it repeats the
-            // answers: one that answers a call otherwise is refused, the first answer stands.
-            let mine: Vec<(&str, &ActionAnswer)> = given
-                .answers
+        .rev()
+        .find(|pause| pause.calls.iter().any(|call| given.names(call)))
+        .or_else(|| {
+            pauses
                 .iter()
-                .filter_map(|(sent, answer)| match formats::split_tool_call_id(sent) {
-                    Some((run_id, _, call)) if run_id == run.id => Some((call, answer)),
-                    Some(_) => None,
-                    None => Some((sent.as_str(), answer)),
-                })
-                .collect();
-            if let Some(call_id) = state.runtime.conflicting_answer(run.id, &mine).await? {
-                return Err(actions::answer_error(
-                    crate::runtime::AnswerError::Conflict(call_id),
-                    field,
-                ));
-            }
-            Ok(Cursor::after(pause))
-        }
-        None => Err(ApiError::new(
+                .rev()
+                .find(|pause| pause.calls.iter().any(|call| given.find(call).is_some()))
+        });
+    let Some(pause) = answered else {
+        return Err(ApiError::new(
             StatusCode::CONFLICT,
             "run_not_waiting",
             format!(
@@ -326,8 +322,30 @@ pub(super) async fn answer_pause(
                 run.status.as_str()
             ),
         )
-        .run(run.id, Some(run.status))),
+        .run(run.id, Some(run.status)));
+    };
+    // A repeated post streams the continuation again — only when it repeats the answers: one
+    // that answers a call otherwise is refused, the first answer stands.
+    let recorded = state
+        .runtime
+        .store()
+        .action_answers(run.id, pause.message_id)
+        .await?;
+    let decision = |answer: &ActionAnswer| matches!(answer, ActionAnswer::Approval { .. });
+    let conflict = pause.calls.iter().find(|call| {
+        given.find(call).is_some_and(|answer| {
+            recorded.iter().any(|(id, before)| {
+                *id == call.call_id && decision(before) == decision(answer) && before != answer
+            })
+        })
+    });
+    if let Some(call) = conflict {
+        return Err(actions::answer_error(
+            crate::runtime::AnswerError::Conflict(call.call_id.clone()),
+            field,
+        ));
     }
+    Ok(Cursor::after(pause.sequence))
 }
 
 /// The answers in the tool parts of a UI message: `output-available` → the output,
@@ -644,15 +662,23 @@ pub async fn stop_chat(
 mod tests {
     use serde_json::json;
 
-    use super::{ActionAnswer, UiPart, part_answers};
+    use super::{ActionAnswer, PausedCall, UiPart, part_answers};
     use crate::domain::RunId;
 
     fn parts(value: serde_json::Value) -> Vec<UiPart> {
         serde_json::from_value(value).unwrap()
     }
 
-    /// Only answered tool parts count; a namespaced id answers its own run's call only, the
-    /// latest part for a call wins, and a plain id (a client that kept behest's) is accepted.
+    fn call(run: RunId, model_call: u64, call_id: &str) -> PausedCall {
+        PausedCall {
+            call_id: call_id.to_owned(),
+            name: crate::events::tool_call_id(run, model_call, call_id),
+        }
+    }
+
+    /// Only answered tool parts count; a namespaced id answers its own model call's call only
+    /// (a provider's `call_1` of another model call or run is another call), the latest part
+    /// for a call wins, and a plain id (a client that kept behest's) is accepted.
     #[test]
     fn tool_parts_become_answers_by_namespaced_call_id() {
         let run = RunId::new();
@@ -664,6 +690,8 @@ mod tests {
              "state": "output-available", "input": {}, "output": {"city": "Lyon"}},
             {"type": "tool-get_location", "toolCallId": format!("{run}:2:call_1"),
              "state": "output-available", "input": {}, "output": null},
+            {"type": "tool-get_location", "toolCallId": format!("{run}:2:call_1"),
+             "state": "output-available", "input": {}, "output": "latest"},
             {"type": "tool-get_weather", "toolCallId": format!("{other}:1:call_2"),
              "state": "output-error", "input": {}, "errorText": "down"},
             {"type": "tool-current_time", "toolCallId": "call_3", "state": "approval-responded",
@@ -674,26 +702,47 @@ mod tests {
              "state": "output-available", "input": {}, "output": "found"}
         ])));
         assert_eq!(
-            answers.find(run, "call_1"),
-            Some(&ActionAnswer::Output(json!(null)))
+            answers.find(&call(run, 1, "call_1")),
+            Some(&ActionAnswer::Output(json!({"city": "Lyon"}))),
+            "the first model call's call_1"
         );
-        assert_eq!(answers.find(run, "call_2"), None, "another run's call");
         assert_eq!(
-            answers.find(other, "call_2"),
+            answers.find(&call(run, 2, "call_1")),
+            Some(&ActionAnswer::Output(json!("latest")))
+        );
+        assert_eq!(
+            answers.find(&call(run, 3, "call_1")),
+            None,
+            "a third call_1"
+        );
+        assert!(answers.names(&call(run, 1, "call_1")));
+        assert_eq!(
+            answers.find(&call(run, 1, "call_2")),
+            None,
+            "another run's call"
+        );
+        assert_eq!(
+            answers.find(&call(other, 1, "call_2")),
             Some(&ActionAnswer::Error("down".to_owned()))
         );
         assert_eq!(
-            answers.find(run, "call_3"),
+            answers.find(&call(run, 7, "call_3")),
             Some(&ActionAnswer::Approval {
                 approve: false,
                 reason: Some("no".to_owned()),
                 decided_by: None,
                 api_key: None,
-            })
+            }),
+            "a plain id"
         );
-        assert_eq!(answers.find(run, "call_4"), None, "not answered yet");
+        assert!(!answers.names(&call(run, 7, "call_3")));
         assert_eq!(
-            answers.find(run, "call_5"),
+            answers.find(&call(run, 2, "call_4")),
+            None,
+            "not answered yet"
+        );
+        assert_eq!(
+            answers.find(&call(run, 2, "call_5")),
             Some(&ActionAnswer::Output(json!("found")))
         );
     }

@@ -3,6 +3,7 @@
 //! An event on the wire is the envelope `{sequence, run_id, timestamp, trace_id, span_id}` plus
 //! the payload, internally tagged with `"type"` in snake_case (the proto's oneof names).
 
+mod call_names;
 mod feed;
 mod schema;
 mod stored;
@@ -16,6 +17,7 @@ use crate::domain::{
     RunId, SessionId, TokenUsage, ToolCall,
 };
 
+pub use call_names::{CallNames, split_tool_call_id, tool_call_id};
 pub use feed::{EventFeed, EventFrame, FeedSubscription, LoggedEvent};
 pub use stored::{StoredEnvelope, StoredEvent, UNKNOWN_KIND};
 
@@ -93,7 +95,7 @@ event_payloads! {
     /// The assistant message was stored.
     AssistantMessageCommitted(MessageCommitted) = "assistant_message_committed",
     /// A tool message was stored.
-    ToolMessageCommitted(MessageCommitted) = "tool_message_committed",
+    ToolMessageCommitted(ToolMessageCommitted) = "tool_message_committed",
     /// Token usage of one model call (estimated, `estimated: true`, for a call cut off by a
     /// cancel or a failure before the provider reported any).
     UsageRecorded(UsageRecorded) = "usage_recorded",
@@ -322,6 +324,17 @@ pub struct ToolFailure {
 pub struct MessageCommitted {
     /// The stored message's id.
     pub message_id: MessageId,
+}
+
+/// `tool_message_committed` (seed `MessageCommitted`, with the call it answers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolMessageCommitted {
+    /// The stored message's id.
+    pub message_id: MessageId,
+    /// The provider's id of the call the message answers (its `tool_call_id`). Absent in logs
+    /// written by older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
 }
 
 /// `usage_recorded` (proto `UsageRecordedEvent`).

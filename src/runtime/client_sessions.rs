@@ -1,14 +1,12 @@
 //! Sessions that web clients name by ids they generate themselves (a `useChat` chat id, an
-//! AG-UI `threadId`): found by the session's `external_id`, created on first use, and the run
-//! of such a session that is in progress.
+//! AG-UI `threadId`): found by the session's `external_id`, created on first use, the run
+//! of such a session that is in progress, and the pauses of a run its answers are matched to.
 
 use chrono::Utc;
 
 use super::{CreateRunError, Runtime};
-use crate::domain::{
-    ActionAnswer, MessageId, RunId, RunRecord, RunStatus, Session, SessionDefaults, SessionId,
-};
-use crate::events::{AgentEvent, EventPayload};
+use crate::domain::{MessageId, RunId, RunRecord, RunStatus, Session, SessionDefaults, SessionId};
+use crate::events::{AgentEvent, CallNames, EventPayload};
 use crate::store::{RunFilter, StoreError};
 
 impl Runtime {
@@ -91,61 +89,38 @@ impl Runtime {
     }
 }
 
+/// One pause of a run: a `tool_calls_required` of its log, with the calls it waited for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pause {
+    /// The sequence of the `tool_calls_required`: the run's continuation begins after it.
+    pub sequence: u64,
+    /// The assistant message whose calls it waited for (the answers are recorded by it).
+    pub message_id: MessageId,
+    /// The calls it waited for, in its order.
+    pub calls: Vec<PausedCall>,
+}
+
+/// A call a pause waited for, by both its names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PausedCall {
+    /// The provider's call id (what `POST /runs/{id}/tool_outputs` and `/approvals` take).
+    pub call_id: String,
+    /// Its namespaced id ([`crate::events::tool_call_id`]): the id web frontends received it
+    /// by, unique in the session where the provider's may repeat.
+    pub name: String,
+}
+
 impl Runtime {
-    /// The sequence of run `run_id`'s latest `tool_calls_required` event that waited for one of
-    /// `call_ids` (provider call ids): the pause a client's answers were for, after which the
-    /// run's continuation begins. `None` when no pause of the run waited for them.
+    /// Every pause of run `run_id`, in the log's order, its calls named by the fold the
+    /// frontend renderings name them by ([`CallNames`]): a client's answers under those names
+    /// find the one pause they answer, even when a provider said `call_1` in two of them.
     ///
     /// # Errors
     /// The store's.
-    pub async fn pause_answered(
-        &self,
-        run_id: RunId,
-        call_ids: &[&str],
-    ) -> Result<Option<u64>, StoreError> {
-        Ok(self
-            .pauses(run_id, call_ids)
-            .await?
-            .last()
-            .map(|(sequence, _)| *sequence))
-    }
-
-    /// The first of `given` (provider call ids of run `run_id` with a client's answers) whose
-    /// call an earlier post answered with another answer of its kind (a client tool's output or
-    /// error, an approval decision; a tool result shown on an approved call is not a decision),
-    /// if any.
-    ///
-    /// # Errors
-    /// The store's.
-    pub async fn conflicting_answer(
-        &self,
-        run_id: RunId,
-        given: &[(&str, &ActionAnswer)],
-    ) -> Result<Option<String>, StoreError> {
-        let ids: Vec<&str> = given.iter().map(|(id, _)| *id).collect();
-        let mut recorded = Vec::new();
-        for (_, message_id) in self.pauses(run_id, &ids).await? {
-            recorded.extend(self.store.action_answers(run_id, message_id).await?);
-        }
-        let decision = |answer: &ActionAnswer| matches!(answer, ActionAnswer::Approval { .. });
-        Ok(given.iter().find_map(|(call_id, answer)| {
-            recorded
-                .iter()
-                .find(|(id, before)| id == call_id && decision(before) == decision(answer))
-                .filter(|(_, before)| before != *answer)
-                .map(|_| (*call_id).to_owned())
-        }))
-    }
-
-    /// The sequence and assistant message of each `tool_calls_required` of run `run_id` that
-    /// waited for one of `call_ids`, in the log's order.
-    async fn pauses(
-        &self,
-        run_id: RunId,
-        call_ids: &[&str],
-    ) -> Result<Vec<(u64, MessageId)>, StoreError> {
+    pub async fn pauses(&self, run_id: RunId) -> Result<Vec<Pause>, StoreError> {
         const PAGE: u32 = 1000;
         let mut after = 0;
+        let mut names = CallNames::new(run_id);
         let mut found = Vec::new();
         loop {
             let page = self.store.read_events(run_id, after, PAGE).await?;
@@ -155,16 +130,26 @@ impl Runtime {
             after = last.sequence;
             // Every event is read typed (the log is matched by variant, never by its tag).
             for logged in &page {
-                let Ok(event) = serde_json::from_str::<AgentEvent>(&logged.data) else {
-                    continue;
-                };
-                if let EventPayload::ToolCallsRequired(action) = event.payload
-                    && action
-                        .tool_calls
-                        .iter()
-                        .any(|call| call_ids.contains(&call.call_id.as_str()))
-                {
-                    found.push((logged.sequence, action.message_id));
+                let event = serde_json::from_str::<AgentEvent>(&logged.data).map_err(|error| {
+                    StoreError::Corrupt(format!(
+                        "event {} of run {run_id} does not read: {error}",
+                        logged.sequence
+                    ))
+                })?;
+                names.record(&event);
+                if let EventPayload::ToolCallsRequired(action) = event.payload {
+                    found.push(Pause {
+                        sequence: logged.sequence,
+                        message_id: action.message_id,
+                        calls: action
+                            .tool_calls
+                            .iter()
+                            .map(|call| PausedCall {
+                                name: names.name(&call.call_id),
+                                call_id: call.call_id.clone(),
+                            })
+                            .collect(),
+                    });
                 }
             }
         }

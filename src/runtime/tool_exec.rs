@@ -12,8 +12,8 @@ use super::{RunEmitter, Runtime};
 use crate::config::RuntimeConfig;
 use crate::domain::{ContentPart, Message, MessageId, Role, RunRecord, RunStatus, ToolCall};
 use crate::events::{
-    EventPayload, MessageCommitted, ToolExecutionFinished, ToolExecutionResult,
-    ToolExecutionStarted, ToolFailure, ToolSuccess,
+    EventPayload, ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure,
+    ToolMessageCommitted, ToolSuccess,
 };
 use crate::store::RunChange;
 use crate::telemetry;
@@ -310,8 +310,9 @@ pub(super) async fn commit_tool_message(
     };
     emitter
         .emit_with(
-            EventPayload::ToolMessageCommitted(MessageCommitted {
+            EventPayload::ToolMessageCommitted(ToolMessageCommitted {
                 message_id: message.id,
+                call_id: Some(call.id.clone()),
             }),
             committed,
         )

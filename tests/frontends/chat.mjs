@@ -7,13 +7,16 @@
 // (exit code 1). Prints one "ok <case>" line per case.
 //
 // Usage: node chat.mjs <base url>
+//        node chat.mjs <base url> restart   (driven by tests/it/frontends.rs: a `kill -9` of
+//        the server mid-run, then `resumeStream()` against the restarted one; see
+//        `restartCases`)
 
 import * as ai6 from "ai6";
 import * as ai7 from "ai7";
 import { HttpAgent, runHttpRequest, transformHttpEventStream } from "@ag-ui/client";
 
-const base = process.argv[2];
-if (!base) throw new Error("usage: node chat.mjs <base url>");
+let base = process.argv[2];
+if (!base) throw new Error("usage: node chat.mjs <base url> [restart]");
 process.env.SUPPRESS_TRANSFORMATION_WARNINGS = "true";
 
 // ag-ui #2510: a cut connection leaves an unhandled rejection in runHttpRequest's teardown.
@@ -359,6 +362,79 @@ async function agUiCases() {
     await checkAgent("ag-ui cut", agent, agent.behestRunId);
     console.log("ok cut_reattach ag-ui");
   }
+}
+
+// ---------------------------------------------------------------- kill -9 and restart
+
+/// The next line the driving test writes on stdin.
+const lines = (async function* () {
+  let rest = "";
+  for await (const chunk of process.stdin) {
+    rest += chunk;
+    for (let end = rest.indexOf("\n"); end >= 0; end = rest.indexOf("\n")) {
+      yield rest.slice(0, end);
+      rest = rest.slice(end + 1);
+    }
+  }
+})();
+
+/// For each reader: a chat's run streamed through POST /chat, cut by a `kill -9` of the server
+/// mid-text (the test kills it when this prints `kill`), then, against the restarted server
+/// (whose URL the test writes on stdin), the chat's own `resumeStream()` — what `useChat` calls
+/// on mount (`GET /chat/{id}/stream`, a full replay then live). The restarted process took the
+/// run over (`run_resumed` with the abandoned call): in ai 7's dialect `reset-step` drops the
+/// abandoned text and the message equals GET /runs/{id}/output; ai 6 cannot retract text, so
+/// its message ends with the output's.
+async function restartCases() {
+  for (const [name, lib, format] of [
+    ["ai-sdk-v7 (ai 7)", ai7, "ai-sdk-v7"],
+    ["ai-sdk (ai 6)", ai6, "ai-sdk"],
+  ]) {
+    const errors = [];
+    const first = base;
+    // The transport's URLs name the first server; a restarted one listens elsewhere.
+    const moved = (url, init) => fetch(String(url).replace(first, base), init);
+    const chat = newChat(lib, format, { errors, fetch: moved });
+    const sent = chat.sendMessage({ text: "count to 300" }).catch(() => {});
+    await until(`${name} restart: text`, () => {
+      const last = chat.messages.at(-1);
+      return last?.role === "assistant" && last.parts.some((p) => p.type === "text" && p.text.length > 0);
+    });
+    const runId = chat.messages.at(-1).id;
+    console.log(`kill ${runId}`);
+    base = (await lines.next()).value;
+    if (!base) throw new Error(`${name} restart: no restarted server`);
+    await sent;
+    await until(`${name} restart: the cut`, () => chat.status === "error" || errors.length > 0 || chat.status === "ready");
+    errors.length = 0;
+    await chat.resumeStream();
+    await until(`${name} restart: run completed`, async () => (await api("GET", `/runs/${runId}`)).body?.status === "completed", 60000);
+    await settled(`${name} restart`, chat, errors);
+    const message = chat.messages.at(-1);
+    same(`${name} restart: the run's message`, message.id, runId);
+    const log = await (await fetch(`${base}/runs/${runId}/events`)).text();
+    if (!/"type":"run_resumed","iteration":\d+,"abandoned_after":\d+/.test(log)) {
+      throw new Error(`${name} restart: the run was not taken over mid-call:\n${log}`);
+    }
+    const run = await output(runId);
+    const texts = message.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
+    if (format === "ai-sdk-v7") {
+      await checkAgainstOutput(`${name} restart`, chat);
+    } else if (!texts.endsWith(run.texts)) {
+      throw new Error(`${name} restart: ${JSON.stringify(texts)} does not end with ${JSON.stringify(run.texts)}`);
+    }
+    console.log(`ok restart ${name}`);
+  }
+}
+
+if (process.argv[3] === "restart") {
+  try {
+    await restartCases();
+  } catch (error) {
+    console.error(error);
+    process.exit(1);
+  }
+  process.exit(0);
 }
 
 try {

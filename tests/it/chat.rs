@@ -13,7 +13,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::support::db::{Backend, TestDb};
-use crate::support::fake_openai::{FakeOpenAi, Reply, chunk};
+use crate::support::fake_openai::{FakeOpenAi, Reply, chunk, text_stream, tool_calls_stream};
 use crate::support::process::{ServerProcess, ToolServer, config_toml};
 
 /// The built-in model as `demo`/`demo` (fast tokens) with the built-in `current_time` tool.
@@ -748,12 +748,248 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
     db.cleanup().await;
 }
 
+/// A provider that says `call_1` in two pauses of one run: a compaction between them (a long
+/// tool output fills the context past 16,000 − 1,024 − 9,000 tokens) takes the first call out
+/// of the requests, so the adapter has no reason to rename the second.
+async fn reused_ids_server(db: &TestDb, name: &str) -> (FakeOpenAi, ServerProcess) {
+    let provider = FakeOpenAi::start().await;
+    provider.push(Reply::sse(&tool_calls_stream(&[(
+        "call_1",
+        "get_location",
+        json!({}),
+    )])));
+    // The summariser's answer, then the model's second call_1, then its answer.
+    provider.push(Reply::sse(&text_stream(&[
+        "Summary: the user asked where they are.",
+    ])));
+    provider.push(Reply::sse(&tool_calls_stream(&[(
+        "call_1",
+        "get_location",
+        json!({}),
+    )])));
+    provider.push(Reply::sse(&text_stream(&["You are in Paris."])));
+    let config = format!(
+        "[compaction]\nbuffer_tokens = 9000\nkeep_tokens = 500\ntail_turns = 1\n\n\
+         [providers.fake]\nkind = \"openai\"\nbase_url = \"{}\"\n\
+         [providers.fake.retry]\nmax_attempts = 1\n\
+         [providers.fake.models.fake-model]\ncontext_window = 16000\nmax_output_tokens = 1024\n",
+        provider.base_url()
+    );
+    let server = ServerProcess::start(name, &config, &db.url).await;
+    (provider, server)
+}
+
+/// Issue 25: a provider that says `call_1` in two pauses of one run ([`reused_ids_server`]).
+/// The frontends received the two calls under different namespaced ids; a repeated
+/// post of the first pause's answer streams the first pause's continuation again and answers
+/// nothing else — never the second pause, which waits until its own answer comes.
+async fn chat_answers_the_pause_its_ids_name(backend: Backend) {
+    let Some(db) = TestDb::new(backend).await else {
+        return;
+    };
+    let (provider, server) = reused_ids_server(&db, "chat-reused-ids").await;
+    let chat_id = "reusedIdsChat01";
+    let tools = json!([{"name": "get_location", "description": "Where the user is"}]);
+    let first = post(
+        &server,
+        "/chat",
+        &json!({"id": chat_id, "messages": [user("where am I?")],
+                "provider": "fake", "model": "fake-model", "tools": tools}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.problem);
+    let run_id = first.header("x-run-id").unwrap().to_owned();
+    let calls = first.of_type("tool-input-available");
+    assert_eq!(calls.len(), 1, "{:?}", first.chunks());
+    let first_id = calls[0]["toolCallId"].as_str().unwrap().to_owned();
+    let part = |id: &str, output: Value| {
+        json!({"type": "tool-get_location", "toolCallId": id, "state": "output-available",
+               "input": {}, "output": output})
+    };
+    let answer = |parts: Vec<Value>| {
+        json!({"id": chat_id, "messages": [user("where am I?"), {
+            "id": run_id, "role": "assistant", "parts": parts}],
+            "trigger": "submit-message", "messageId": run_id})
+    };
+    let long = json!("word ".repeat(8_000));
+    let answered_first = answer(vec![part(&first_id, long.clone())]);
+    let continued = post(&server, "/chat", &answered_first).await;
+    assert_eq!(continued.status, 200, "{}", continued.problem);
+    let calls = continued.of_type("tool-input-available");
+    assert_eq!(calls.len(), 1, "{:?}", continued.chunks());
+    let second_id = calls[0]["toolCallId"].as_str().unwrap().to_owned();
+    assert_ne!(second_id, first_id);
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "requires_action", "{run}");
+    // The provider's id really is the same in both pauses.
+    assert_eq!(run["required_action"]["tool_calls"][0]["call_id"], "call_1");
+    assert!(first_id.ends_with(":call_1") && second_id.ends_with(":call_1"));
+    assert_eq!(
+        provider.requests().len(),
+        3,
+        "a compaction ran between the pauses"
+    );
+
+    // The first pause's answer again: its continuation again, and the second pause still waits.
+    let again = post(&server, "/chat", &answered_first).await;
+    assert_eq!(again.status, 200, "{}", again.problem);
+    assert_eq!(again.frames, continued.frames);
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "requires_action", "{run}");
+    assert_eq!(
+        provider.requests().len(),
+        3,
+        "nothing answered the second pause"
+    );
+    // Answering it otherwise is a conflict with what the first post recorded.
+    let refused = post(
+        &server,
+        "/chat",
+        &answer(vec![part(&first_id, json!("Lyon"))]),
+    )
+    .await;
+    assert_eq!(refused.status, 409, "{}", refused.problem);
+    assert_eq!(
+        refused.problem["code"], "action_conflict",
+        "{}",
+        refused.problem
+    );
+
+    // The message as useChat sends it: both steps' parts; the second pause is answered.
+    let answered_second = answer(vec![
+        part(&first_id, long.clone()),
+        part(&second_id, json!({"city": "Paris"})),
+    ]);
+    let last = post(&server, "/chat", &answered_second).await;
+    assert_eq!(last.status, 200, "{}", last.problem);
+    assert_eq!(
+        last.of_type("finish")[0]["finishReason"],
+        "stop",
+        "{:?}",
+        last.chunks()
+    );
+    assert!(last.of_type("tool-input-available").is_empty());
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let session = run["session_id"].as_str().unwrap();
+    let messages = server
+        .get_json(&format!("/sessions/{session}/messages"))
+        .await;
+    let outputs: Vec<String> = messages["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].to_string())
+        .collect();
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert!(outputs[0].contains("word word"), "{}", &outputs[0][..80]);
+    assert!(outputs[1].contains("Paris"), "{}", outputs[1]);
+    // Each pause's answers, posted again after the end, stream that pause's continuation.
+    let again = post(&server, "/chat", &answered_first).await;
+    assert_eq!(again.frames, continued.frames);
+    let again = post(&server, "/chat", &answered_second).await;
+    assert_eq!(again.frames, last.frames);
+    db.assert_logs_fold().await;
+    db.cleanup().await;
+}
+
+/// The same through `POST /ag-ui`: the `tool` message of the first pause, posted again with
+/// the thread as the client holds it, streams the first pause's continuation and answers
+/// nothing else; the thread with both `tool` messages answers the second pause.
+async fn ag_ui_answers_the_pause_its_ids_name(backend: Backend) {
+    let Some(db) = TestDb::new(backend).await else {
+        return;
+    };
+    let (provider, server) = reused_ids_server(&db, "ag-ui-reused-ids").await;
+    let thread = "0b7e2a0c-5d0f-4b7e-9a43-1f7f3c1a2b3d";
+    let tools = json!([{"name": "get_location", "description": "Where the user is",
+                        "parameters": {"type": "object", "properties": {}}}]);
+    let input = |run_id: &str, messages: Vec<Value>| {
+        json!({"threadId": thread, "runId": run_id, "messages": messages, "tools": tools,
+               "context": [], "forwardedProps": {"provider": "fake", "model": "fake-model"}})
+    };
+    let pending = |sse: &Sse| -> String {
+        let finished = sse.of_type("RUN_FINISHED");
+        assert_eq!(finished.len(), 1, "{:?}", sse.chunks());
+        finished[0]["outcome"]["pendingToolCallIds"][0]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let tool = |id: &str, content: &str| json!({"id": format!("t-{id}"), "role": "tool", "toolCallId": id, "content": content});
+    let first = post(
+        &server,
+        "/ag-ui",
+        &input("r1", vec![thread_message("where am I?")]),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.problem);
+    let first_id = pending(&first);
+    let long = "word ".repeat(8_000);
+    let answered_first = input(
+        "r2",
+        vec![thread_message("where am I?"), tool(&first_id, &long)],
+    );
+    let continued = post(&server, "/ag-ui", &answered_first).await;
+    assert_eq!(continued.status, 200, "{}", continued.problem);
+    let second_id = pending(&continued);
+    assert_ne!(second_id, first_id);
+    assert!(first_id.ends_with(":call_1") && second_id.ends_with(":call_1"));
+    let run_id = continued.header("x-run-id").unwrap().to_owned();
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["required_action"]["tool_calls"][0]["call_id"], "call_1");
+    assert_eq!(
+        provider.requests().len(),
+        3,
+        "a compaction ran between the pauses"
+    );
+
+    let again = post(&server, "/ag-ui", &answered_first).await;
+    assert_eq!(again.status, 200, "{}", again.problem);
+    assert_eq!(again.frames, continued.frames);
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "requires_action", "{run}");
+    assert_eq!(
+        provider.requests().len(),
+        3,
+        "nothing answered the second pause"
+    );
+
+    let last = post(
+        &server,
+        "/ag-ui",
+        &input(
+            "r3",
+            vec![
+                thread_message("where am I?"),
+                tool(&first_id, &long),
+                tool(&second_id, "Paris"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(last.status, 200, "{}", last.problem);
+    assert_eq!(
+        last.of_type("RUN_FINISHED")[0]["outcome"]["type"],
+        "success",
+        "{:?}",
+        last.chunks()
+    );
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    db.assert_logs_fold().await;
+    db.cleanup().await;
+}
+
 on_both_backends!(
     chat_keeps_the_client_id,
     chat_routes_client_tool_outputs,
     chat_routes_approvals,
     chat_resume_and_stop,
     ag_ui_runs_and_answers,
+    chat_answers_the_pause_its_ids_name,
+    ag_ui_answers_the_pause_its_ids_name,
 );
 
 /// Issue 25 item 6 (the request side): `tests/frontends/chat.mjs` drives `POST /chat` with the

@@ -293,6 +293,81 @@ async fn a_stream_cut_by_kill_9_resumes_at_the_next_process() {
     }
 }
 
+/// Item 6's restart through `useChat`'s own routes: `tests/frontends/chat.mjs restart` streams
+/// a run through `POST /chat` with the real `AbstractChat` (ai 7 in the `ai-sdk-v7` dialect,
+/// then ai 6 in `ai-sdk`); when it prints `kill <run id>` the server is killed with SIGKILL and a
+/// new process is started on the same database (it takes the run over), whose URL goes to the
+/// script; the chat then calls `resumeStream()` (`GET /chat/{id}/stream`) and its message must
+/// equal `GET /runs/{id}/output` (ai 6: end with it, it cannot retract the abandoned text).
+#[tokio::test]
+async fn a_chat_cut_by_kill_9_resumes_through_use_chats_own_resume() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    if !package().join("node_modules").exists() {
+        assert!(
+            std::env::var("BEHEST_TEST_REQUIRE_FRONTENDS").is_err(),
+            "BEHEST_TEST_REQUIRE_FRONTENDS is set but tests/frontends/node_modules is missing"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("behest.db").display());
+    let mut server = ServerProcess::start("chat-first", DEMO_CONFIG, &db).await;
+    let mut node = Command::new("node")
+        .args(["chat.mjs", &server.url(""), "restart"])
+        .current_dir(package())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs");
+    let mut stdin = node.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(node.stdout.take().expect("stdout")).lines();
+    let mut said = String::new();
+    let mut restarts = 0;
+    let read = async {
+        while let Some(line) = stdout.next_line().await.expect("node's stdout") {
+            said.push_str(&line);
+            said.push('\n');
+            if let Some(run_id) = line.strip_prefix("kill ") {
+                let (status, run) = server.get(&format!("/runs/{run_id}")).await;
+                assert_eq!(
+                    (status, &run["status"]),
+                    (200, &json!("calling_model")),
+                    "{run}"
+                );
+                server.kill().await;
+                restarts += 1;
+                server =
+                    ServerProcess::start(&format!("chat-restarted-{restarts}"), DEMO_CONFIG, &db)
+                        .await;
+                let url = server.url("");
+                stdin
+                    .write_all(format!("{url}\n").as_bytes())
+                    .await
+                    .expect("write the new URL");
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(300), read)
+        .await
+        .expect("node chat.mjs restart finishes within 5 minutes");
+    let output = node.wait_with_output().await.expect("node ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "node chat.mjs restart failed ({}):\n{said}\n{stderr}",
+        output.status
+    );
+    assert_eq!(restarts, 2, "{said}");
+    for reader in ["ai-sdk-v7 (ai 7)", "ai-sdk (ai 6)"] {
+        assert!(
+            said.contains(&format!("ok restart {reader}\n")),
+            "{reader} missing from:\n{said}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Issue 25 item 5: ids frontends can keep, and approval decisions in the log.
 
@@ -792,6 +867,21 @@ mod ids {
             }
         }
         assert_eq!(namespaced.len(), 8, "{namespaced:?}");
+        // AG-UI's tool results are the stored tool messages, by id.
+        let stored: Vec<&Value> = messages["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| &m["id"])
+            .collect();
+        let results: Vec<&Value> = rendered
+            .iter()
+            .filter(|(format, _)| *format == "ag-ui")
+            .flat_map(|(_, frames)| frames.iter().filter(|f| f["type"] == "TOOL_CALL_RESULT"))
+            .map(|f| &f["messageId"])
+            .collect();
+        assert_eq!(results, stored);
         server.db.as_ref().unwrap().assert_logs_fold().await;
         server.stop().await;
     }

@@ -4,7 +4,9 @@
 //! Ids: `threadId` and `runId` come from [`RunContext`]; the assistant message of a model call
 //! is the id it is stored with (`model_started.message_id`; `<run_id>:<sequence of its
 //! model_started>` in logs of older versions), a reasoning message `<run_id>:r<sequence>`,
-//! a tool result message `<tool call id>:result`; tool call ids are namespaced
+//! a tool result message the id it is stored with (`tool_message_committed.message_id`, the
+//! result being sent at that event; `<tool call id>:result` in logs of older versions, whose
+//! `tool_message_committed` does not name its call); tool call ids are namespaced
 //! ([`super::tool_call_id`]). The open step, reasoning span and message, text message and tool
 //! calls are tracked per frame ([`AgUi::observe`]), so a cut between two frames of one event
 //! re-opens exactly what the client has open.
@@ -180,12 +182,13 @@ struct Open {
 pub struct AgUi {
     run: RunContext,
     calls: Calls,
-    /// The sequence of the last `model_started`: the middle of its calls' namespaced ids.
-    model_call: u64,
     /// The current model call's assistant message id.
     message_id: String,
     /// Calls whose arguments went out as `TOOL_CALL_ARGS`.
     args_sent: Vec<String>,
+    /// Server tools' results not sent yet: `(call id, namespaced id, content)`, each sent as
+    /// `TOOL_CALL_RESULT` at its tool message's `tool_message_committed`.
+    results: Vec<(String, String, String)>,
     open: Open,
 }
 
@@ -193,13 +196,14 @@ impl AgUi {
     /// The projection of `run`, before its first event.
     #[must_use]
     pub fn new(run: RunContext) -> Self {
-        let message_id = run.run_id.to_string();
+        let run_id = run.run_id;
+        let message_id = run_id.to_string();
         Self {
             run,
-            calls: Calls::default(),
-            model_call: 0,
+            calls: Calls::new(run_id),
             message_id,
             args_sent: Vec::new(),
+            results: Vec::new(),
             open: Open::default(),
         }
     }
@@ -289,13 +293,27 @@ impl AgUi {
         }
     }
 
+    /// Sends the results still waiting for their tool message, with derived message ids
+    /// (`<tool call id>:result`): a log of an older version, whose `tool_message_committed`
+    /// does not name its call. Every server tool call gets its result before the next model
+    /// call and the run's end (the client counts a call without one as pending).
+    fn flush_results(&mut self, out: &mut Vec<AgUiEvent>) {
+        for (_, tool_call_id, content) in std::mem::take(&mut self.results) {
+            self.push(
+                out,
+                AgUiEvent::ToolCallResult {
+                    message_id: format!("{tool_call_id}:result"),
+                    tool_call_id,
+                    content,
+                    role: "tool",
+                },
+            );
+        }
+    }
+
     fn start_call(&mut self, out: &mut Vec<AgUiEvent>, call_id: &str, tool_name: &str) -> String {
         self.close_reasoning(out);
-        let id = self
-            .calls
-            .start(&self.run, self.model_call, call_id, tool_name)
-            .id
-            .clone();
+        let id = self.calls.start(&self.run, call_id, tool_name).id.clone();
         self.push(
             out,
             AgUiEvent::ToolCallStart {
@@ -313,6 +331,7 @@ impl Projection for AgUi {
     const DONE: Option<&'static str> = None;
 
     fn frames(&mut self, event: &AgentEvent) -> Vec<AgUiEvent> {
+        self.calls.record(event);
         let mut out = Vec::new();
         if !self.open.run && !event.payload.is_terminal() {
             // The first event of the run, or the first after a pause: a new segment.
@@ -328,8 +347,8 @@ impl Projection for AgUi {
                 self.push(&mut out, started);
             }
             EventPayload::ModelStarted(started) => {
+                self.flush_results(&mut out);
                 self.close_all(&mut out);
-                self.model_call = seq;
                 // The id the call's assistant message is stored with (older logs: derived).
                 self.message_id = started
                     .message_id
@@ -393,7 +412,7 @@ impl Projection for AgUi {
                 self.start_call(&mut out, &started.call_id, &started.tool_name);
             }
             EventPayload::ToolCallDelta(delta) if !delta.delta.is_empty() => {
-                let id = self.calls.id(&self.run, self.model_call, &delta.call_id);
+                let id = self.calls.id(&delta.call_id);
                 if self.open.calls.iter().any(|(open, _, _)| *open == id) {
                     self.args_sent.push(id.clone());
                     self.push(
@@ -445,10 +464,6 @@ impl Projection for AgUi {
                     call.kind == CallKind::Client || call.waits == Some(PendingKind::ClientTool)
                 });
                 if !client {
-                    let id = call.map_or_else(
-                        || self.calls.id(&self.run, self.model_call, &finished.call_id),
-                        |call| call.id,
-                    );
                     let content = match &finished.result {
                         ToolExecutionResult::Success(success) => match &success.output {
                             Value::String(text) => text.clone(),
@@ -458,25 +473,39 @@ impl Projection for AgUi {
                             format!("error: {}", failure.error)
                         }
                     };
-                    self.push(
-                        &mut out,
-                        AgUiEvent::ToolCallResult {
-                            message_id: format!("{id}:result"),
-                            tool_call_id: id,
-                            content,
-                            role: "tool",
-                        },
-                    );
+                    // Sent with the id of the tool message that stores it, at its commit.
+                    self.results.retain(|(id, _, _)| *id != finished.call_id);
+                    self.results.push((
+                        finished.call_id.clone(),
+                        self.calls.id(&finished.call_id),
+                        content,
+                    ));
                 }
             }
+            EventPayload::ToolMessageCommitted(committed) => match &committed.call_id {
+                Some(call_id) => {
+                    if let Some(at) = self.results.iter().position(|(id, _, _)| id == call_id) {
+                        let (_, tool_call_id, content) = self.results.remove(at);
+                        self.push(
+                            &mut out,
+                            AgUiEvent::ToolCallResult {
+                                message_id: committed.message_id.to_string(),
+                                tool_call_id,
+                                content,
+                                role: "tool",
+                            },
+                        );
+                    }
+                }
+                // Older logs do not say which call a tool message answers.
+                None => self.flush_results(&mut out),
+            },
             EventPayload::ToolCallsRequired(action) => {
+                self.flush_results(&mut out);
                 self.close_all(&mut out);
                 let mut ids = Vec::new();
                 for pending in &action.tool_calls {
-                    ids.push((
-                        self.calls.id(&self.run, self.model_call, &pending.call_id),
-                        pending.kind,
-                    ));
+                    ids.push((self.calls.id(&pending.call_id), pending.kind));
                     if let Some(call) = self.calls.get_mut(&pending.call_id) {
                         call.waits = Some(pending.kind);
                     }
@@ -531,6 +560,7 @@ impl Projection for AgUi {
                 }
             }
             EventPayload::RunCompleted(completed) => {
+                self.flush_results(&mut out);
                 self.close_all(&mut out);
                 let mut result = json!({
                     "finishReason": completed.finish_reason,
@@ -558,6 +588,7 @@ impl Projection for AgUi {
             }
             EventPayload::RunCancelled(_) => {
                 if self.open.run {
+                    self.flush_results(&mut out);
                     self.close_all(&mut out);
                     let finished = self.run_finished(json!({"type": "cancelled"}), None);
                     self.push(&mut out, finished);
@@ -570,7 +601,7 @@ impl Projection for AgUi {
                 }
             }
             EventPayload::ToolProgress(progress) => {
-                let id = self.calls.id(&self.run, self.model_call, &progress.call_id);
+                let id = self.calls.id(&progress.call_id);
                 self.push(
                     &mut out,
                     AgUiEvent::Custom {
@@ -585,7 +616,7 @@ impl Projection for AgUi {
                 );
             }
             EventPayload::ToolApprovalDecided(decided) => {
-                let id = self.calls.id(&self.run, self.model_call, &decided.call_id);
+                let id = self.calls.id(&decided.call_id);
                 if let Some(call) = self.calls.get_mut(&decided.call_id) {
                     call.decided = Some(decided.approved);
                 }
@@ -618,8 +649,7 @@ impl Projection for AgUi {
             | EventPayload::ToolCallDelta(_)
             | EventPayload::ContextBuilt(_)
             | EventPayload::ToolExecutionStarted(_)
-            | EventPayload::AssistantMessageCommitted(_)
-            | EventPayload::ToolMessageCommitted(_) => {}
+            | EventPayload::AssistantMessageCommitted(_) => {}
         }
         out
     }

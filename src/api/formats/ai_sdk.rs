@@ -23,8 +23,6 @@ pub struct AiSdk {
     dialect: AiSdkDialect,
     run: RunContext,
     calls: Calls,
-    /// The sequence of the last `model_started`: the middle of its calls' namespaced ids.
-    model_call: u64,
     step_open: bool,
     text_open: Option<String>,
     reasoning_open: Option<String>,
@@ -36,11 +34,11 @@ impl AiSdk {
     /// The projection of `run` in `dialect`, before its first event.
     #[must_use]
     pub fn new(run: RunContext, dialect: AiSdkDialect) -> Self {
+        let run_id = run.run_id;
         Self {
             dialect,
             run,
-            calls: Calls::default(),
-            model_call: 0,
+            calls: Calls::new(run_id),
             step_open: false,
             text_open: None,
             reasoning_open: None,
@@ -94,6 +92,7 @@ impl Projection for AiSdk {
     const DONE: Option<&'static str> = Some("[DONE]");
 
     fn frames(&mut self, event: &AgentEvent) -> Vec<Value> {
+        self.calls.record(event);
         let mut out = Vec::new();
         let run_id = self.run.run_id.to_string();
         if std::mem::take(&mut self.paused) {
@@ -112,7 +111,6 @@ impl Projection for AiSdk {
                 }},
             })),
             EventPayload::ModelStarted(started) => {
-                self.model_call = seq;
                 self.close_step(&mut out);
                 self.step_open = true;
                 out.push(json!({"type": "start-step"}));
@@ -127,7 +125,7 @@ impl Projection for AiSdk {
                 }
             }
             EventPayload::ToolApprovalDecided(decided) => {
-                let id = self.calls.id(&self.run, self.model_call, &decided.call_id);
+                let id = self.calls.id(&decided.call_id);
                 if let Some(call) = self.calls.get_mut(&decided.call_id) {
                     call.decided = Some(decided.approved);
                 }
@@ -180,12 +178,9 @@ impl Projection for AiSdk {
             }
             EventPayload::ToolCallStarted(started) => {
                 self.close_parts(&mut out);
-                let call = self.calls.start(
-                    &self.run,
-                    self.model_call,
-                    &started.call_id,
-                    &started.tool_name,
-                );
+                let call = self
+                    .calls
+                    .start(&self.run, &started.call_id, &started.tool_name);
                 let mut chunk = json!({
                     "type": "tool-input-start",
                     "toolCallId": call.id,
@@ -195,7 +190,7 @@ impl Projection for AiSdk {
                 out.push(chunk);
             }
             EventPayload::ToolCallDelta(delta) => {
-                let id = self.calls.id(&self.run, self.model_call, &delta.call_id);
+                let id = self.calls.id(&delta.call_id);
                 out.push(json!({
                     "type": "tool-input-delta",
                     "toolCallId": id,
@@ -207,10 +202,7 @@ impl Projection for AiSdk {
                 let call = &completed.call;
                 let info = match self.calls.get(&call.id) {
                     Some(info) => info.clone(),
-                    None => self
-                        .calls
-                        .start(&self.run, self.model_call, &call.id, &call.name)
-                        .clone(),
+                    None => self.calls.start(&self.run, &call.id, &call.name).clone(),
                 };
                 let mut chunk = match &call.invalid_arguments {
                     Some(raw) => json!({
@@ -252,12 +244,7 @@ impl Projection for AiSdk {
                     .cloned()
                     .unwrap_or_else(|| {
                         self.calls
-                            .start(
-                                &self.run,
-                                self.model_call,
-                                &finished.call_id,
-                                &finished.tool_name,
-                            )
+                            .start(&self.run, &finished.call_id, &finished.tool_name)
                             .clone()
                     });
                 let denied = call.decided == Some(false)
@@ -294,7 +281,7 @@ impl Projection for AiSdk {
             EventPayload::ToolCallsRequired(action) => {
                 self.close_parts(&mut out);
                 for pending in &action.tool_calls {
-                    let id = self.calls.id(&self.run, self.model_call, &pending.call_id);
+                    let id = self.calls.id(&pending.call_id);
                     if let Some(call) = self.calls.get_mut(&pending.call_id) {
                         call.waits = Some(pending.kind);
                     }
@@ -367,7 +354,7 @@ impl Projection for AiSdk {
             // Not transient, with the call's id: each report replaces the last one in the
             // message, so a client shows the latest progress beside its tool part.
             EventPayload::ToolProgress(progress) => {
-                let id = self.calls.id(&self.run, self.model_call, &progress.call_id);
+                let id = self.calls.id(&progress.call_id);
                 out.push(json!({
                     "type": format!("data-behest-{}", event.payload.event_type().replace('_', "-")),
                     "id": id,

@@ -10,7 +10,9 @@
 //!   [`AgUi`]; [`Renderer`] turns its frames into SSE bytes with ids and resumes at a cursor;
 //! - [`respond`] (a whole `GET`: 204, 410, 503 and the stream) and [`stream`] (the stream of a
 //!   run already admitted, for `POST /runs/stream`);
-//! - [`tool_call_id`] / [`split_tool_call_id`]: the namespaced tool call ids both formats use;
+//! - [`tool_call_id`] / [`split_tool_call_id`]: the namespaced tool call ids both formats use
+//!   (from `events`, whose [`CallNames`] fold names a run's calls for both formats and for the
+//!   matching of a client's answers to a pause);
 //! - [`RunContext`]: what a projection knows besides the events, all from the run record.
 //!
 //! Frames are `id: <cursor>` + `data: <json>`, LF line endings, no `event:` line. An event of
@@ -41,7 +43,7 @@ use super::auth::Caller;
 use super::limits::WatcherPermit;
 use super::{ApiError, AppState, sse};
 use crate::domain::{PendingKind, RunId, RunRecord, RunTool};
-use crate::events::{AgentEvent, EventPayload};
+use crate::events::{AgentEvent, CallNames, EventPayload};
 use crate::tools::ToolRegistry;
 
 /// The dialect of the AI SDK UI message stream.
@@ -90,26 +92,7 @@ impl Format {
     }
 }
 
-/// The namespaced id of the provider's call `call_id` made by the model call whose
-/// `model_started` has sequence `model_call` in run `run_id`, as both formats send it:
-/// `<run_id>:<model_call>:<call_id>`. Provider call ids are unique only within one model call
-/// (the demo model says `call_1` every turn, and a call made again after `run_resumed` says
-/// what the abandoned one said, in the same iteration); these are unique in a session.
-#[must_use]
-pub fn tool_call_id(run_id: RunId, model_call: u64, call_id: &str) -> String {
-    format!("{run_id}:{model_call}:{call_id}")
-}
-
-/// The run, model call (the sequence of its `model_started`) and provider call id of a
-/// namespaced tool call id ([`tool_call_id`]); `None` when `id` is not one. The provider's id
-/// may itself contain `:`.
-#[must_use]
-pub fn split_tool_call_id(id: &str) -> Option<(RunId, u64, &str)> {
-    let mut parts = id.splitn(3, ':');
-    let run_id = parts.next()?.parse().ok()?;
-    let model_call = parts.next()?.parse().ok()?;
-    Some((run_id, model_call, parts.next()?))
-}
+pub use crate::events::{split_tool_call_id, tool_call_id};
 
 /// The `client_request_id` prefix of a run started through `POST /ag-ui`: the rest is
 /// `<session id>:<RunAgentInput.runId>` (a runId is an idempotency key within its thread, not
@@ -213,9 +196,13 @@ pub(crate) struct CallInfo {
     pub decided: Option<bool>,
 }
 
-/// The run's tool calls by provider call id (the latest model call's, for a reused id).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Calls(HashMap<String, CallInfo>);
+/// The run's tool calls by provider call id (the latest model call's, for a reused id), named
+/// by the one fold that names them ([`CallNames`], which the answers' matching uses too).
+#[derive(Debug, Clone)]
+pub(crate) struct Calls {
+    names: CallNames,
+    calls: HashMap<String, CallInfo>,
+}
 
 /// A `tool_approval_decided` as both formats carry it to their own subscribers: the event's
 /// payload (behest's names, `type` included) and the call's namespaced `toolCallId`.
@@ -228,13 +215,19 @@ fn decision_notice(payload: &EventPayload, tool_call_id: &str) -> serde_json::Va
 }
 
 impl Calls {
-    fn start(
-        &mut self,
-        run: &RunContext,
-        model_call: u64,
-        call_id: &str,
-        tool_name: &str,
-    ) -> &CallInfo {
+    fn new(run_id: RunId) -> Self {
+        Self {
+            names: CallNames::new(run_id),
+            calls: HashMap::new(),
+        }
+    }
+
+    /// Folds the next event into the calls' names: each projection calls it first.
+    fn record(&mut self, event: &AgentEvent) {
+        self.names.record(event);
+    }
+
+    fn start(&mut self, run: &RunContext, call_id: &str, tool_name: &str) -> &CallInfo {
         let kind = if run.client_tools.contains(tool_name) {
             CallKind::Client
         } else if run.approval_tools.contains(tool_name) {
@@ -243,31 +236,28 @@ impl Calls {
             CallKind::Server
         };
         let info = CallInfo {
-            id: tool_call_id(run.run_id, model_call, call_id),
+            id: self.names.name(call_id),
             tool_name: tool_name.to_owned(),
             kind,
             waits: None,
             executing: false,
             decided: None,
         };
-        self.0.insert(call_id.to_owned(), info);
-        &self.0[call_id]
+        self.calls.insert(call_id.to_owned(), info);
+        &self.calls[call_id]
     }
 
     fn get(&self, call_id: &str) -> Option<&CallInfo> {
-        self.0.get(call_id)
+        self.calls.get(call_id)
     }
 
     fn get_mut(&mut self, call_id: &str) -> Option<&mut CallInfo> {
-        self.0.get_mut(call_id)
+        self.calls.get_mut(call_id)
     }
 
-    /// The namespaced id of a known call, or the one it has in model call `model_call`.
-    fn id(&self, run: &RunContext, model_call: u64, call_id: &str) -> String {
-        self.0.get(call_id).map_or_else(
-            || tool_call_id(run.run_id, model_call, call_id),
-            |call| call.id.clone(),
-        )
+    /// The namespaced id of the provider's call `call_id`.
+    fn id(&self, call_id: &str) -> String {
+        self.names.name(call_id)
     }
 }
 

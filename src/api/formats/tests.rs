@@ -16,8 +16,8 @@ use crate::domain::{
 use crate::events::{
     ContextBuilt, MessageCommitted, ModelStarted, ReasoningDelta, RunCompleted, RunResumed,
     RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta, ToolCallStarted,
-    ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure, ToolProgress,
-    ToolSuccess, UsageRecorded,
+    ToolExecutionFinished, ToolExecutionResult, ToolExecutionStarted, ToolFailure,
+    ToolMessageCommitted, ToolProgress, ToolSuccess, UsageRecorded,
 };
 
 struct Log {
@@ -185,8 +185,9 @@ impl Log {
             result,
             duration_ms: 3,
         }));
-        self.push(EventPayload::ToolMessageCommitted(MessageCommitted {
+        self.push(EventPayload::ToolMessageCommitted(ToolMessageCommitted {
             message_id: crate::domain::MessageId::new(),
+            call_id: Some(id.to_owned()),
         }));
     }
 
@@ -1021,4 +1022,74 @@ fn a_call_id_the_provider_says_again_after_a_resume_gets_a_new_namespaced_id() {
     assert_eq!(starts, [abandoned.as_str(), remade.as_str()]);
     let result = ag.iter().find(|e| e["type"] == "TOOL_CALL_RESULT").unwrap();
     assert_eq!(result["toolCallId"], remade.as_str());
+}
+
+/// Item 2: an AG-UI tool result is the stored tool message (`TOOL_CALL_RESULT.messageId` =
+/// `tool_message_committed.message_id`, sent at that event); a log of an older version, whose
+/// `tool_message_committed` names no call, keeps the derived id and still gives every server
+/// call its result.
+#[test]
+fn an_ag_ui_tool_result_carries_the_id_of_the_stored_tool_message() {
+    let log = server_tool_run();
+    let stored: Vec<String> = log
+        .events
+        .iter()
+        .filter_map(|event| match &event.payload {
+            EventPayload::ToolMessageCommitted(c) => Some(c.message_id.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stored.len(), 2);
+    let frames = render(AgUi::new(log.run.clone()), &log, None);
+    let results: Vec<(String, Value)> = frames
+        .iter()
+        .filter_map(|(id, data)| {
+            let event: Value = serde_json::from_str(data).ok()?;
+            (event["type"] == "TOOL_CALL_RESULT").then(|| (id.clone().unwrap(), event))
+        })
+        .collect();
+    let first = tool_call_id(log.run.run_id, log.model_call(1), "call_1");
+    let second = tool_call_id(log.run.run_id, log.model_call(2), "call_1");
+    let got: Vec<(&Value, &Value, &Value)> = results
+        .iter()
+        .map(|(_, e)| (&e["messageId"], &e["toolCallId"], &e["content"]))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (&json!(stored[0]), &json!(first), &json!("12:00")),
+            (&json!(stored[1]), &json!(second), &json!("error: down")),
+        ]
+    );
+    // Each is the frame of its tool message's commit.
+    let commits: Vec<String> = log
+        .events
+        .iter()
+        .filter(|e| matches!(e.payload, EventPayload::ToolMessageCommitted(_)))
+        .map(|e| e.sequence.to_string())
+        .collect();
+    let ids: Vec<&String> = results.iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, commits.iter().collect::<Vec<_>>());
+
+    let mut old = server_tool_run();
+    for event in &mut old.events {
+        if let EventPayload::ToolMessageCommitted(committed) = &mut event.payload {
+            committed.call_id = None;
+        }
+    }
+    let ag = chunks(&render(AgUi::new(old.run.clone()), &old, None));
+    let derived: Vec<(&Value, &Value)> = ag
+        .iter()
+        .filter(|e| e["type"] == "TOOL_CALL_RESULT")
+        .map(|e| (&e["messageId"], &e["toolCallId"]))
+        .collect();
+    let first = tool_call_id(old.run.run_id, old.model_call(1), "call_1");
+    let second = tool_call_id(old.run.run_id, old.model_call(2), "call_1");
+    assert_eq!(
+        derived,
+        [
+            (&json!(format!("{first}:result")), &json!(first)),
+            (&json!(format!("{second}:result")), &json!(second)),
+        ]
+    );
 }

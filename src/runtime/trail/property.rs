@@ -20,7 +20,7 @@ use crate::events::{
     ContextCompactionStarted, DoomLoopDetected, EventFeed, MessageCommitted, ModelRetrying,
     ModelStarted, ReasoningDelta, RunResumed, RunStarted, TextDelta, ToolCallCompleted,
     ToolCallDelta, ToolCallStarted, ToolExecutionFinished, ToolExecutionStarted, ToolFailure,
-    ToolProgress, ToolSuccess, UsageRecorded,
+    ToolMessageCommitted, ToolProgress, ToolSuccess, UsageRecorded,
 };
 use crate::runtime::{EventLog, TraceContext};
 use crate::store::{NewRun, RunChange};
@@ -459,8 +459,9 @@ impl Script<'_> {
     }
 
     fn tool_message(&mut self) {
-        self.emit(EventPayload::ToolMessageCommitted(MessageCommitted {
+        self.emit(EventPayload::ToolMessageCommitted(ToolMessageCommitted {
             message_id: MessageId::new(),
+            call_id: None,
         }));
     }
 

@@ -12,8 +12,8 @@ use crate::domain::{
 use crate::events::{
     ContextBuilt, DoomLoopDetected, MessageCommitted, ModelRetrying, ModelStarted, OutputRejected,
     RunCompleted, RunResumed, RunStarted, TextDelta, ToolCallCompleted, ToolCallDelta,
-    ToolCallStarted, ToolExecutionFinished, ToolExecutionStarted, ToolFailure, ToolSuccess,
-    UsageRecorded,
+    ToolCallStarted, ToolExecutionFinished, ToolExecutionStarted, ToolFailure,
+    ToolMessageCommitted, ToolSuccess, UsageRecorded,
 };
 use crate::runtime::resume::{self, Next};
 use crate::runtime::tool_exec::new_message;
@@ -136,8 +136,9 @@ impl Log {
     fn tool_message(&mut self, id: &str) -> Message {
         let mut message = new_message(&self.record, Role::Tool, Vec::new(), Vec::new());
         message.tool_call_id = Some(id.to_owned());
-        self.push(EventPayload::ToolMessageCommitted(MessageCommitted {
+        self.push(EventPayload::ToolMessageCommitted(ToolMessageCommitted {
             message_id: message.id,
+            call_id: Some(id.to_owned()),
         }));
         message
     }
@@ -388,8 +389,9 @@ fn results_logged_without_their_tool_message() {
     log.tool_message("c2");
     assert!(
         illegal(
-            &log.rejects(EventPayload::ToolMessageCommitted(MessageCommitted {
-                message_id: MessageId::new()
+            &log.rejects(EventPayload::ToolMessageCommitted(ToolMessageCommitted {
+                message_id: MessageId::new(),
+                call_id: None,
             }))
         )
         .contains("more calls")
