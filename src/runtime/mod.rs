@@ -706,12 +706,12 @@ impl Runtime {
         after: u64,
     ) -> impl Stream<Item = Result<Arc<EventFrame>, StoreError>> + Send + 'static {
         let live = self.log.feed().subscribe(run_id);
-        let wakeup = self.signals.wakeup(run_id);
+        let mut wakeup = self.signals.wakeup(run_id);
         // A run executing elsewhere: its frames come from the store, read once for every
         // watcher of the run here.
         let live = live.or_else(|| {
             wakeup
-                .as_ref()
+                .as_mut()
                 .and_then(|wakeup| wakeup.relay(&self.store, run_id))
         });
         watch::watch(self.store.clone(), run_id, live, wakeup, after)

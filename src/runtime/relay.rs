@@ -31,6 +31,12 @@ pub(super) struct Relay {
     /// watchers then see `Closed` and read the store at each wake-up instead.
     frames: Mutex<Option<broadcast::Sender<Arc<EventFrame>>>>,
     reading: AtomicBool,
+    /// True once the reader knows where it starts (the log's last sequence when it started),
+    /// or has ended: a watcher replays the store only after that, so every event is either
+    /// in its replay or among the frames the reader sends. (A watcher that replayed first
+    /// would miss the events committed between its replay and the reader's start: nothing
+    /// after them would show it the gap.)
+    started: watch::Sender<bool>,
 }
 
 impl Relay {
@@ -39,7 +45,13 @@ impl Relay {
             wake: watch::Sender::new(()),
             frames: Mutex::new(Some(broadcast::channel(CAPACITY).0)),
             reading: AtomicBool::new(false),
+            started: watch::Sender::new(false),
         }
+    }
+
+    /// Becomes true once the reader has started (see `started`).
+    pub(super) fn started(&self) -> watch::Receiver<bool> {
+        self.started.subscribe()
     }
 
     fn frames(&self) -> std::sync::MutexGuard<'_, Option<broadcast::Sender<Arc<EventFrame>>>> {
@@ -76,6 +88,7 @@ async fn read_loop(
     read(&relay, wake, store.as_ref(), run_id).await;
     if let Some(relay) = relay.upgrade() {
         relay.frames().take();
+        relay.started.send_replace(true);
     }
 }
 
@@ -91,6 +104,10 @@ async fn read(
             tracing::warn!(%run_id, %error, "the run's relay could not start; its watchers read the store");
             return;
         }
+    };
+    match relay.upgrade() {
+        Some(relay) => relay.started.send_replace(true),
+        None => return,
     };
     loop {
         wake.mark_unchanged();

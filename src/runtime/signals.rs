@@ -43,6 +43,8 @@ pub(super) struct Signals {
 pub struct Wakeup {
     relay: Arc<Relay>,
     receiver: watch::Receiver<()>,
+    /// Once this watcher takes the relay's frames: whether the relay's reader has started.
+    relay_started: Option<watch::Receiver<bool>>,
 }
 
 impl Wakeup {
@@ -59,9 +61,26 @@ impl Wakeup {
     }
 
     /// The frames of the run read from the store once for every watcher here, from now on
-    /// (`relay.rs`); `None` once that reader has ended.
-    pub(super) fn relay(&self, store: &Arc<dyn Store>, run_id: RunId) -> Option<FeedSubscription> {
-        self.relay.subscribe(store, run_id)
+    /// (`relay.rs`); `None` once that reader has ended. The watcher replays the store only
+    /// once [`Self::relay_started`] returns.
+    pub(super) fn relay(
+        &mut self,
+        store: &Arc<dyn Store>,
+        run_id: RunId,
+    ) -> Option<FeedSubscription> {
+        let frames = self.relay.subscribe(store, run_id)?;
+        self.relay_started = Some(self.relay.started());
+        Some(frames)
+    }
+
+    /// Waits until the relay's reader whose frames this watcher takes knows where it starts
+    /// (at once when it takes none): the watcher's replay then reaches at least that far, so
+    /// no event falls between the two.
+    pub async fn relay_started(&mut self) {
+        if let Some(started) = self.relay_started.as_mut() {
+            // The sender lives in the relay this wake-up holds: it cannot be dropped.
+            let _ = started.wait_for(|started| *started).await;
+        }
     }
 }
 
@@ -89,7 +108,11 @@ impl Signals {
             runs.retain(|_, relay| relay.strong_count() > 0);
         }
         let receiver = relay.wake.subscribe();
-        Some(Wakeup { relay, receiver })
+        Some(Wakeup {
+            relay,
+            receiver,
+            relay_started: None,
+        })
     }
 
     fn wake(&self, run_id: RunId) {

@@ -99,6 +99,8 @@ impl Watch {
             }
             if self.read_store {
                 if let Some(wakeup) = self.wakeup.as_mut() {
+                    // Before the first replay: the relay's reader starts no later than it.
+                    wakeup.relay_started().await;
                     wakeup.seen();
                 }
                 let page = match self
