@@ -49,9 +49,9 @@ pub(super) struct GatedRun<T> {
     pub watched: Vec<T>,
 }
 
-/// A run of [`MODEL_FANOUT`] created through `on` (tagged `phase`), held at the provider's gate while
-/// `watchers` watchers connect (`attach(i, run_id)`, one after the other), then let go; each
-/// watcher read to its end on a task of its own by `follow(i, run_id, reader)`.
+/// A run of [`MODEL_FANOUT`] created through `on` (tagged `phase`), held at the provider's
+/// gate while `watchers` watchers connect (`attach(i, run_id)`, one after the other), then let
+/// go; each watcher read to its end on a task of its own by `follow(i, run_id, reader)`.
 pub(super) async fn gated_run<T, A, AF, F, FF>(
     on: &Ctx,
     phase: &str,

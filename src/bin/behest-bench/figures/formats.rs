@@ -3,9 +3,10 @@
 //!
 //! - **CPU per event replayed**: watchers replay one finished run in each format in turn, and
 //!   behest's CPU time over the replay is divided by the events served.
-//! - **Live fan-out**: one gated run of [`MODEL_FANOUT`](super::MODEL_FANOUT) per format, watched live by
-//!   `fanout_watchers` watchers in that format: text deltas per second delivered from the
-//!   gate's opening to the last, their delivery lag, and behest's CPU per delta delivered.
+//! - **Live fan-out**: one gated run of [`MODEL_FANOUT`](super::MODEL_FANOUT) per format,
+//!   watched live by `fanout_watchers` watchers in that format: text deltas per second
+//!   delivered from the gate's opening to the last, their delivery lag, and behest's CPU per
+//!   delta delivered.
 //!   Every watcher's stream goes through the format's hard check, and must equal a replay of
 //!   the finished run in the same format.
 
