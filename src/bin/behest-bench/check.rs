@@ -121,6 +121,11 @@ impl StreamCheck {
     /// Checks the next frame.
     pub fn push(&mut self, frame: &Frame) {
         self.summary.events += 1;
+        if let Some(part) = frame.part {
+            self.error(format!(
+                "a frame id with a part (`.{part}`) in behest's format"
+            ));
+        }
         match frame.id {
             None => self.error(format!("a `{}` frame without an id", frame.event)),
             Some(id) if id != self.next => {
@@ -223,6 +228,171 @@ impl StreamCheck {
     }
 }
 
+/// What a projected format (`?format=ai-sdk`, `ai-sdk-v7`, `ag-ui`) calls a text delta and
+/// the end of a completed run.
+#[derive(Debug, Clone, Copy)]
+pub struct Projected {
+    /// The `type` of a frame carrying one text delta (`delta`).
+    pub text: &'static str,
+    /// The `type` of the frame that ends a completed run.
+    pub finish: &'static str,
+    /// The `data:` sent after that, without an id, if any.
+    pub done: Option<&'static str>,
+}
+
+impl Projected {
+    /// The AI SDK UI message stream (both dialects).
+    pub const AI_SDK: Self = Self {
+        text: "text-delta",
+        finish: "finish",
+        done: Some("[DONE]"),
+    };
+    /// AG-UI.
+    pub const AG_UI: Self = Self {
+        text: "TEXT_MESSAGE_CONTENT",
+        finish: "RUN_FINISHED",
+        done: None,
+    };
+}
+
+/// The fields of a projected frame's JSON the check reads.
+#[derive(serde::Deserialize)]
+struct ProjectedFrame<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    delta: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Checks a stream in a projected format read from the start, frame by frame: ids `N.j` /
+/// `N` in order (the frames of one event numbered `N.1 … N.(k-1)`, `N`, none skipped; events
+/// in increasing sequence — an event may have no frame), the fake's tokens in order and once
+/// each, the finish frame once and last (then the format's `[DONE]`).
+#[derive(Debug)]
+pub struct ProjectedCheck {
+    format: Projected,
+    /// The last frame's id: event, and part (`None`: its last frame).
+    last: Option<(u64, Option<u32>)>,
+    done: bool,
+    hasher: DefaultHasher,
+    summary: StreamSummary,
+}
+
+impl ProjectedCheck {
+    /// A stream in `format`, from the run's start.
+    pub fn new(format: Projected) -> Self {
+        Self {
+            format,
+            last: None,
+            done: false,
+            hasher: DefaultHasher::new(),
+            summary: StreamSummary::default(),
+        }
+    }
+
+    fn error(&mut self, error: String) {
+        if self.summary.errors.len() < 20 {
+            self.summary.errors.push(error);
+        }
+    }
+
+    /// Checks the next frame; true when it carried a text delta.
+    pub fn push(&mut self, frame: &Frame) -> bool {
+        self.summary.events += 1;
+        frame.id.hash(&mut self.hasher);
+        frame.part.hash(&mut self.hasher);
+        frame.data.hash(&mut self.hasher);
+        if self.done {
+            self.error(format!("`{}` after the end", frame.data));
+        }
+        if self.summary.terminal.is_some() {
+            if Some(frame.data.as_str()) == self.format.done && frame.id.is_none() {
+                self.done = true;
+            } else {
+                self.error(format!("`{}` after the finish frame", frame.data));
+            }
+            return false;
+        }
+        self.order(frame);
+        let parsed = match serde_json::from_str::<ProjectedFrame>(&frame.data) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                self.error(format!(
+                    "a frame that is not typed JSON ({error}): {}",
+                    frame.data
+                ));
+                return false;
+            }
+        };
+        if parsed.kind == self.format.finish {
+            self.summary.terminal = Some(parsed.kind.into_owned());
+            self.done = self.format.done.is_none();
+            return false;
+        }
+        if parsed.kind != self.format.text {
+            return false;
+        }
+        self.summary.tokens += 1;
+        let expected = token_text(self.summary.tokens);
+        if parsed.delta.as_deref() != Some(expected.as_str()) {
+            let tokens = self.summary.tokens;
+            self.error(format!(
+                "text delta {tokens} does not carry token {tokens} (lost, duplicated or \
+                 reordered tokens): {}",
+                frame.data
+            ));
+        }
+        true
+    }
+
+    /// The frame's id follows the last one.
+    fn order(&mut self, frame: &Frame) {
+        let Some(sequence) = frame.id else {
+            self.error(format!("a frame without an id: {}", frame.data));
+            return;
+        };
+        let id = (sequence, frame.part);
+        let next = match self.last {
+            // Within an event: the next part, or its last frame.
+            Some((last, Some(part))) => {
+                sequence == last && frame.part.is_none_or(|next| next == part + 1)
+            }
+            // A later event: from its first frame.
+            Some((last, None)) => sequence > last && frame.part.is_none_or(|part| part == 1),
+            None => sequence >= 1 && frame.part.is_none_or(|part| part == 1),
+        };
+        if !next {
+            let show = |(sequence, part): (u64, Option<u32>)| match part {
+                Some(part) => format!("{sequence}.{part}"),
+                None => sequence.to_string(),
+            };
+            let last = self.last.map_or_else(|| "the start".to_owned(), show);
+            self.error(format!(
+                "id {} after {last} (lost, duplicated or reordered frames)",
+                show(id)
+            ));
+        }
+        self.summary.last_sequence = sequence;
+        self.last = Some(id);
+    }
+
+    /// Ends the check: the stream must have ended with the finish frame (and the format's
+    /// `[DONE]`) and carry `tokens` text deltas, when given.
+    pub fn finish(mut self, tokens: Option<u32>) -> StreamSummary {
+        if self.summary.terminal.is_none() || !self.done {
+            self.error("the stream ended before its finish".to_owned());
+        }
+        if let Some(tokens) = tokens
+            && self.summary.tokens != tokens
+        {
+            let got = self.summary.tokens;
+            self.error(format!("{got} text deltas where {tokens} were sent"));
+        }
+        self.summary.hash = self.hasher.finish();
+        self.summary
+    }
+}
+
 /// Checks a stream read directly from the fake provider: tokens 1..=n in order, `[DONE]` last.
 #[derive(Debug, Default)]
 pub struct DirectCheck {
@@ -292,4 +462,81 @@ fn content_of(data: &str) -> Option<&str> {
     let start = data.find("\"content\":\"")? + "\"content\":\"".len();
     let end = data[start..].find('"')?;
     Some(&data[start..start + end])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::{Projected, ProjectedCheck};
+    use crate::fake::token_text;
+    use crate::sse::Frame;
+
+    fn frame(id: Option<(u64, Option<u32>)>, data: &str) -> Frame {
+        Frame {
+            at: Instant::now(),
+            id: id.map(|(sequence, _)| sequence),
+            part: id.and_then(|(_, part)| part),
+            event: String::new(),
+            data: data.to_owned(),
+        }
+    }
+
+    fn text(id: (u64, Option<u32>), k: u32) -> Frame {
+        let data = format!(
+            r#"{{"delta":"{}","id":"m","type":"text-delta"}}"#,
+            token_text(k)
+        );
+        frame(Some(id), &data)
+    }
+
+    /// An AI SDK stream of two tokens: start (2 frames), two deltas, finish, `[DONE]`.
+    fn stream() -> Vec<Frame> {
+        vec![
+            frame(Some((1, Some(1))), r#"{"type":"start"}"#),
+            frame(Some((1, None)), r#"{"type":"start-step"}"#),
+            text((3, None), 1),
+            text((4, None), 2),
+            frame(Some((6, None)), r#"{"type":"finish"}"#),
+            frame(None, "[DONE]"),
+        ]
+    }
+
+    fn check(frames: &[Frame]) -> Vec<String> {
+        let mut check = ProjectedCheck::new(Projected::AI_SDK);
+        for frame in frames {
+            check.push(frame);
+        }
+        check.finish(Some(2)).errors
+    }
+
+    #[test]
+    fn a_whole_stream_passes() {
+        assert_eq!(check(&stream()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn lost_duplicated_and_late_frames_fail() {
+        // The last frame of event 1 (a lost first frame reads as a one-frame event: the
+        // comparison with the replay finds that).
+        let mut lost_part = stream();
+        lost_part.remove(1);
+        let mut duplicated = stream();
+        duplicated.insert(3, text((3, None), 1));
+        let mut swapped = stream();
+        swapped.swap(2, 3);
+        let mut after_end = stream();
+        after_end.push(text((7, None), 3));
+        let mut unfinished = stream();
+        unfinished.truncate(5);
+        for (name, frames) in [
+            ("lost part", lost_part),
+            ("duplicated", duplicated),
+            ("swapped", swapped),
+            ("after the end", after_end),
+            ("no [DONE]", unfinished),
+        ] {
+            assert!(!check(&frames).is_empty(), "{name}: no violation found");
+        }
+    }
 }

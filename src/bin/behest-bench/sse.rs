@@ -15,8 +15,10 @@ use crate::{BenchError, Result};
 pub struct Frame {
     /// When the bytes completing it arrived.
     pub at: Instant,
-    /// `id:` as a number, if any.
+    /// `id:` as a number, if any; of a projected format's `N.j`, the `N`.
     pub id: Option<u64>,
+    /// Of a projected format's `id: N.j` (frame `j` of event `N`, not its last), the `j`.
+    pub part: Option<u32>,
     /// `event:`, empty when absent.
     pub event: String,
     /// `data:` lines joined by `\n`.
@@ -26,7 +28,10 @@ pub struct Frame {
 impl Frame {
     /// Same content (id, event, data), whatever the arrival time.
     pub fn same_as(&self, other: &Frame) -> bool {
-        self.id == other.id && self.event == other.event && self.data == other.data
+        self.id == other.id
+            && self.part == other.part
+            && self.event == other.event
+            && self.data == other.data
     }
 }
 
@@ -94,6 +99,7 @@ fn parse_block(block: &[u8], at: Instant) -> Result<Option<Frame>> {
     let mut frame = Frame {
         at,
         id: None,
+        part: None,
         event: String::new(),
         data: String::new(),
     };
@@ -109,9 +115,15 @@ fn parse_block(block: &[u8], at: Instant) -> Result<Option<Frame>> {
         fields += 1;
         match field {
             "id" => {
-                frame.id = Some(value.parse().map_err(|_| {
-                    BenchError(format!("SSE id `{value}` is not a sequence number"))
-                })?);
+                let invalid = || BenchError(format!("SSE id `{value}` is not a sequence number"));
+                let (sequence, part) = match value.split_once('.') {
+                    Some((sequence, part)) => {
+                        (sequence, Some(part.parse().map_err(|_| invalid())?))
+                    }
+                    None => (value, None),
+                };
+                frame.id = Some(sequence.parse().map_err(|_| invalid())?);
+                frame.part = part;
             }
             "event" => frame.event = value.to_owned(),
             "data" => {

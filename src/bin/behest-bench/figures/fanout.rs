@@ -1,5 +1,6 @@
 //! Events per second to many watchers of a few runs, and their delivery lag.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -9,6 +10,7 @@ use tokio::sync::Semaphore;
 use super::{CONNECT_CONCURRENCY, Ctx, MODEL_FANOUT, tag, wait_count};
 use crate::check::{DirectCheck, StreamCheck, StreamSummary};
 use crate::report::{Compare, Dist, Row, Target, ms};
+use crate::sse::SseReader;
 use crate::{BenchError, Result};
 
 /// What one fan-out watcher saw.
@@ -33,6 +35,68 @@ pub(super) fn delivery(open: Instant, frames: &[Vec<Instant>]) -> (f64, usize) {
     }
     let seconds = last.duration_since(open).as_secs_f64().max(1e-3);
     (count as f64 / seconds, count)
+}
+
+/// One run of [`MODEL_FANOUT`] watched live by many watchers.
+pub(super) struct GatedRun<T> {
+    /// The run's tag (its input, the provider exchange's key).
+    pub tag: String,
+    /// The run.
+    pub run_id: String,
+    /// When the provider's gate opened.
+    pub open: Instant,
+    /// What each watcher's follower returned, in order.
+    pub watched: Vec<T>,
+}
+
+/// A run of [`MODEL_FANOUT`] created through `on` (tagged `phase`), held at the provider's
+/// gate while `watchers` watchers connect (`attach(i, run_id)`, one after the other), then let
+/// go; each watcher read to its end on a task of its own by `follow(i, run_id, reader)`.
+pub(super) async fn gated_run<T, A, AF, F, FF>(
+    on: &Ctx,
+    phase: &str,
+    watchers: usize,
+    mut attach: A,
+    follow: F,
+) -> Result<GatedRun<T>>
+where
+    A: FnMut(usize, &str) -> AF,
+    AF: Future<Output = Result<SseReader>>,
+    F: Fn(usize, &str, SseReader) -> FF,
+    FF: Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let (run_tag, run_id) = on.create_held_run(MODEL_FANOUT, phase).await?;
+    let mut readers = Vec::with_capacity(watchers);
+    for i in 0..watchers {
+        readers.push(attach(i, &run_id).await?);
+    }
+    let open = Instant::now();
+    on.fake.open_gate(MODEL_FANOUT);
+    let tasks: Vec<_> = readers
+        .into_iter()
+        .enumerate()
+        .map(|(i, reader)| tokio::spawn(follow(i, &run_id, reader)))
+        .collect();
+    let mut watched = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        watched.push(task.await??);
+    }
+    on.fake.close_gate(MODEL_FANOUT);
+    Ok(GatedRun {
+        tag: run_tag,
+        run_id,
+        open,
+        watched,
+    })
+}
+
+/// Adds to `lag` each delivery lag: token k written by the provider (`sent[k]`) → read by a
+/// watcher (`arrivals[k]`).
+pub(super) fn lags(lag: &mut Dist, arrivals: &[Instant], sent: &[Instant]) {
+    for (arrived, written) in arrivals.iter().zip(sent) {
+        lag.push(ms(arrived.saturating_duration_since(*written)));
+    }
 }
 
 pub(super) async fn fanout(ctx: &Ctx) -> Result<Vec<Row>> {
@@ -77,9 +141,7 @@ pub(super) async fn fanout(ctx: &Ctx) -> Result<Vec<Row>> {
     let mut base_lag = Dist::default();
     for task in tasks {
         let (tag, frames, arrivals) = task.await??;
-        for (arrived, written) in arrivals.iter().zip(ctx.sent(&tag)) {
-            base_lag.push(ms(arrived.saturating_duration_since(written)));
-        }
+        lags(&mut base_lag, &arrivals, &ctx.sent(&tag));
         base_frames.push(frames);
     }
     ctx.fake.close_gate(MODEL_FANOUT);
@@ -152,9 +214,7 @@ pub(super) async fn fanout(ctx: &Ctx) -> Result<Vec<Row>> {
             &format!("fan-out watcher of {}", run_ids[watcher.run]),
             &watcher.summary,
         );
-        for (arrived, written) in watcher.tokens.iter().zip(&sent[watcher.run]) {
-            lag.push(ms(arrived.saturating_duration_since(*written)));
-        }
+        lags(&mut lag, &watcher.tokens, &sent[watcher.run]);
         match hashes[watcher.run] {
             None => hashes[watcher.run] = Some(watcher.summary.hash),
             Some(hash) if hash != watcher.summary.hash => ctx.checks.fail(format!(

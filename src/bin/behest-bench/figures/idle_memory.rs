@@ -20,16 +20,7 @@ pub(super) async fn idle_memory(ctx: &Ctx) -> Result<Vec<Row>> {
 
     let mut run_ids = Vec::new();
     for _ in 0..plan.idle_runs.max(1) {
-        let run_tag = tag("idle");
-        run_ids.push(ctx.create_run(MODEL_IDLE, &run_tag).await?);
-        if ctx
-            .fake
-            .wait_exchange(&run_tag, Duration::from_secs(10))
-            .await
-            .is_none()
-        {
-            bail!("an idle run never called the provider");
-        }
+        run_ids.push(ctx.create_held_run(MODEL_IDLE, "idle").await?.1);
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = rss_kib(ctx.behest_pid)?;

@@ -383,6 +383,23 @@ impl Ctx {
         self.create_run_at(&self.url("/runs"), model, tag).await
     }
 
+    /// `POST /runs` of gated `model`, its gate closed: the run's tag (from `phase`) and id, once
+    /// its model call waits at the provider's gate.
+    async fn create_held_run(&self, model: &str, phase: &str) -> Result<(String, String)> {
+        self.fake.close_gate(model);
+        let run_tag = tag(phase);
+        let run_id = self.create_run(model, &run_tag).await?;
+        if self
+            .fake
+            .wait_exchange(&run_tag, Duration::from_secs(10))
+            .await
+            .is_none()
+        {
+            bail!("run {run_id} of {model}: no model call");
+        }
+        Ok((run_tag, run_id))
+    }
+
     /// `POST` of a run to `runs_url` (a `…/runs` URL, e.g. of a restarted behest): its id.
     async fn create_run_at(&self, runs_url: &str, model: &str, tag: &str) -> Result<String> {
         let response = self
@@ -408,9 +425,21 @@ impl Ctx {
         if let Some(after) = after {
             request = request.header("Last-Event-ID", after.to_string());
         }
+        Self::events(request).await
+    }
+
+    /// `GET /runs/{id}/events?format={format}` from the start.
+    async fn watch_as(&self, run_id: &str, format: &str) -> Result<SseReader> {
+        let path = format!("/runs/{run_id}/events?format={format}");
+        Self::events(self.keyed(self.client.get(self.url(&path)))).await
+    }
+
+    /// The event stream `request` (a `GET` of a run's events) answers.
+    async fn events(request: reqwest::RequestBuilder) -> Result<SseReader> {
         let response = request.send().await?;
         if response.status() != reqwest::StatusCode::OK {
-            bail!("GET /runs/{run_id}/events answered {}", response.status());
+            let url = response.url().path().to_owned();
+            bail!("GET {url} answered {}", response.status());
         }
         Ok(SseReader::new(response))
     }

@@ -77,8 +77,80 @@ pub(super) async fn start(ctx: &Ctx, name: &str, extra: &str) -> Result<(BehestP
     Ok((process, db))
 }
 
+/// A latency statistic of [`OnOff`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Stat {
+    /// Time to first token.
+    Ttft,
+    /// Gap between token events.
+    Gap,
+    /// Token delivery delay (provider writes token k → client reads it).
+    Delay,
+}
+
+/// The same runs through two behests of their own, `off` (the baseline) and `on`, alternating
+/// so that drift of the machine hits both alike: one run at a time, then waves of concurrent
+/// runs.
+pub(super) struct OnOff {
+    one: [Latency; 2],
+    many: [Latency; 2],
+    concurrent_runs: usize,
+}
+
+impl OnOff {
+    pub(super) async fn measure(ctx: &Ctx, off: &Ctx, on: &Ctx) -> Result<Self> {
+        let plan = &ctx.plan;
+        let tokens = plan.profile.tokens;
+        let mut one = [Latency::default(), Latency::default()];
+        for _ in 0..plan.latency_runs {
+            for (side, into) in [off, on].into_iter().zip(&mut one) {
+                let trace = side.behest_run(MODEL_DEFAULT, tokens).await?;
+                into.add(&trace, &ctx.sent(&trace.tag));
+            }
+        }
+        let mut many = [Latency::default(), Latency::default()];
+        for _ in 0..plan.concurrent_waves {
+            for (side, into) in [off, on].into_iter().zip(&mut many) {
+                let from = wave(side, true, plan.concurrent_runs, MODEL_DEFAULT).await?;
+                into.ttft.extend(&from.ttft);
+                into.gaps.extend(&from.gaps);
+            }
+        }
+        Ok(Self {
+            one,
+            many,
+            concurrent_runs: plan.concurrent_runs,
+        })
+    }
+
+    /// The row of `stat`'s `p`th percentile, on against off, at one run at a time or (`many`)
+    /// in the waves; the figure's name begins with `prefix`.
+    pub(super) fn row(&self, prefix: &str, stat: Stat, p: f64, many: bool) -> Row {
+        let (sides, runs) = if many {
+            (&self.many, format!("{} runs", self.concurrent_runs))
+        } else {
+            (&self.one, "1 run".to_owned())
+        };
+        let (name, [off, on]) = match stat {
+            Stat::Ttft => ("time to first token", sides.each_ref().map(|l| &l.ttft)),
+            Stat::Gap => (
+                "gap between token events",
+                sides.each_ref().map(|l| &l.gaps),
+            ),
+            Stat::Delay => ("token delivery delay", sides.each_ref().map(|l| &l.delay)),
+        };
+        Row::new(
+            &format!("{prefix}: {name} p{p:.0} ({runs})"),
+            "ms",
+            Some(off.p(p)),
+            on.p(p),
+            Compare::Difference,
+        )
+        .samples(on.len())
+    }
+}
+
 pub(super) async fn overhead(ctx: &Ctx) -> Result<Vec<Row>> {
-    let plan = &ctx.plan;
     let sink = Sink::start().await?;
     let (off_process, off_db) = start(ctx, "ops-off", "[telemetry]\nmetrics = false\n").await?;
     let on_extra = format!(
@@ -88,24 +160,8 @@ pub(super) async fn overhead(ctx: &Ctx) -> Result<Vec<Row>> {
     let (on_process, on_db) = start(ctx, "ops-on", &on_extra).await?;
     let off = ctx.aimed_at(&off_process.base_url, off_process.pid, None);
     let on = ctx.aimed_at(&on_process.base_url, on_process.pid, Some(KEY));
-    let tokens = plan.profile.tokens;
     let result = async {
-        let (mut off_one, mut on_one) = (Latency::default(), Latency::default());
-        // Alternate so that drift of the machine hits both alike.
-        for _ in 0..plan.latency_runs {
-            let trace = off.behest_run(MODEL_DEFAULT, tokens).await?;
-            off_one.add(&trace, &ctx.sent(&trace.tag));
-            let trace = on.behest_run(MODEL_DEFAULT, tokens).await?;
-            on_one.add(&trace, &ctx.sent(&trace.tag));
-        }
-        let (mut off_many, mut on_many) = (Latency::default(), Latency::default());
-        for _ in 0..plan.concurrent_waves {
-            for (side, into) in [(&off, &mut off_many), (&on, &mut on_many)] {
-                let from = wave(side, true, plan.concurrent_runs, MODEL_DEFAULT).await?;
-                into.ttft.extend(&from.ttft);
-                into.gaps.extend(&from.gaps);
-            }
-        }
+        let latency = OnOff::measure(ctx, &off, &on).await?;
         // The features were really on: the runs are counted at /metrics and spans arrived.
         let metrics = ctx
             .client
@@ -126,58 +182,17 @@ pub(super) async fn overhead(ctx: &Ctx) -> Result<Vec<Row>> {
         if exports == 0 {
             bail!("the behest with tracing on exported no spans");
         }
-        let many = format!("{} runs", plan.concurrent_runs);
-        let row = |figure: String, off: f64, on: f64, samples: usize| {
-            Row::new(&figure, "ms", Some(off), on, Compare::Difference).samples(samples)
-        };
+        let row = |stat: Stat, p: f64, many: bool| latency.row("ops on vs off", stat, p, many);
         Ok(vec![
-            row(
-                "ops on vs off: time to first token p50 (1 run)".to_owned(),
-                off_one.ttft.p(50.0),
-                on_one.ttft.p(50.0),
-                on_one.ttft.len(),
-            )
-            .target(Target::AtMost(0.2))
-            .note("baseline = behest with auth, metrics and tracing off"),
-            row(
-                "ops on vs off: time to first token p99 (1 run)".to_owned(),
-                off_one.ttft.p(99.0),
-                on_one.ttft.p(99.0),
-                on_one.ttft.len(),
-            ),
-            row(
-                "ops on vs off: gap between token events p50 (1 run)".to_owned(),
-                off_one.gaps.p(50.0),
-                on_one.gaps.p(50.0),
-                on_one.gaps.len(),
-            )
-            .target(Target::AtMost(0.2)),
-            row(
-                "ops on vs off: token delivery delay p50 (1 run)".to_owned(),
-                off_one.delay.p(50.0),
-                on_one.delay.p(50.0),
-                on_one.delay.len(),
-            )
-            .note("provider writes token k → client reads token k"),
-            row(
-                format!("ops on vs off: time to first token p50 ({many})"),
-                off_many.ttft.p(50.0),
-                on_many.ttft.p(50.0),
-                on_many.ttft.len(),
-            ),
-            row(
-                format!("ops on vs off: gap between token events p50 ({many})"),
-                off_many.gaps.p(50.0),
-                on_many.gaps.p(50.0),
-                on_many.gaps.len(),
-            )
-            .target(Target::AtMost(0.2)),
-            row(
-                format!("ops on vs off: gap between token events p99 ({many})"),
-                off_many.gaps.p(99.0),
-                on_many.gaps.p(99.0),
-                on_many.gaps.len(),
-            ),
+            row(Stat::Ttft, 50.0, false)
+                .target(Target::AtMost(0.2))
+                .note("baseline = behest with auth, metrics and tracing off"),
+            row(Stat::Ttft, 99.0, false),
+            row(Stat::Gap, 50.0, false).target(Target::AtMost(0.2)),
+            row(Stat::Delay, 50.0, false).note("provider writes token k → client reads token k"),
+            row(Stat::Ttft, 50.0, true),
+            row(Stat::Gap, 50.0, true).target(Target::AtMost(0.2)),
+            row(Stat::Gap, 99.0, true),
             Row::new(
                 "ops on: OTLP exports received",
                 "requests",

@@ -85,23 +85,11 @@ async fn start(launch: &Launch, log: &str, client: &reqwest::Client) -> Result<B
     Ok(process)
 }
 
-/// Reads `reader` to its end through the hard check: when each `text_delta` arrived.
-async fn follow(
-    ctx: &Ctx,
-    label: String,
-    mut reader: SseReader,
-    terminal: &'static str,
-) -> Result<Vec<Instant>> {
-    let mut check = StreamCheck::new(0);
-    let mut deltas = Vec::new();
-    while let Some(frame) = reader.next().await? {
-        check.push(&frame);
-        if frame.event == "text_delta" {
-            deltas.push(frame.at);
-        }
-    }
-    ctx.checks
-        .stream(&label, &check.finish(Some(terminal), None));
+/// Reads `reader` (behest's format, a completed run) to its end through the hard check: when
+/// each `text_delta` arrived.
+async fn follow(ctx: &Ctx, label: String, reader: SseReader) -> Result<Vec<Instant>> {
+    let (deltas, summary) = super::formats::read_checked(reader, "behest", None).await?;
+    ctx.checks.stream(&label, &summary);
     Ok(deltas)
 }
 
@@ -123,29 +111,19 @@ async fn two_replicas(
     for _ in 0..plan.replica_latency_runs {
         let on_a = ctx.aimed_at(&a.base_url, a.pid, None);
         // The model waits at its gate until both watchers are attached: every token is live.
-        ctx.fake.close_gate(MODEL_FANOUT);
-        let run_tag = tag("replicas-latency");
-        let run_id = on_a.create_run(MODEL_FANOUT, &run_tag).await?;
+        let (run_tag, run_id) = on_a
+            .create_held_run(MODEL_FANOUT, "replicas-latency")
+            .await?;
         let (reader_a, reader_b) = (
             on_a.watch(&run_id, None).await?,
             on_b.watch(&run_id, None).await?,
         );
-        if ctx
-            .fake
-            .wait_exchange(&run_tag, Duration::from_secs(10))
-            .await
-            .is_none()
-        {
-            bail!("run {run_id}: no model call");
-        }
         tokio::time::sleep(Duration::from_millis(200)).await;
         ctx.fake.open_gate(MODEL_FANOUT);
         let (ctx_a, ctx_b) = (ctx.clone(), ctx.clone());
         let (label_a, label_b) = (format!("run {run_id} on A"), format!("run {run_id} on B"));
-        let watch_a =
-            tokio::spawn(async move { follow(&ctx_a, label_a, reader_a, "run_completed").await });
-        let watch_b =
-            tokio::spawn(async move { follow(&ctx_b, label_b, reader_b, "run_completed").await });
+        let watch_a = tokio::spawn(async move { follow(&ctx_a, label_a, reader_a).await });
+        let watch_b = tokio::spawn(async move { follow(&ctx_b, label_b, reader_b).await });
         let on_a_deltas = watch_a.await??;
         let on_b_deltas = watch_b.await??;
         ctx.fake.close_gate(MODEL_FANOUT);
@@ -420,43 +398,27 @@ async fn spread(ctx: &Ctx, launches: [&Launch; 3]) -> Result<Vec<Row>> {
     let watchers = ctx.plan.replica_idle_watchers;
     let mut rates = Vec::with_capacity(2);
     for spread in [false, true] {
-        ctx.fake.close_gate(MODEL_FANOUT);
-        let run_tag = tag("replicas-spread");
-        let run_id = aimed[0].create_run(MODEL_FANOUT, &run_tag).await?;
-        if ctx
-            .fake
-            .wait_exchange(&run_tag, Duration::from_secs(10))
-            .await
-            .is_none()
-        {
-            bail!("run {run_id}: no model call");
-        }
-        let mut readers = Vec::with_capacity(watchers);
-        for i in 0..watchers {
-            let on = if spread {
-                &aimed[i % aimed.len()]
-            } else {
-                &aimed[0]
-            };
-            readers.push(on.watch(&run_id, None).await?);
-        }
-        let open = Instant::now();
-        ctx.fake.open_gate(MODEL_FANOUT);
-        let tasks: Vec<_> = readers
-            .into_iter()
-            .enumerate()
-            .map(|(i, reader)| {
+        let run = super::fanout::gated_run(
+            &aimed[0],
+            "replicas-spread",
+            watchers,
+            |i, run_id| {
+                let on = if spread {
+                    &aimed[i % aimed.len()]
+                } else {
+                    &aimed[0]
+                };
+                let run_id = run_id.to_owned();
+                async move { on.watch(&run_id, None).await }
+            },
+            |i, run_id, reader| {
                 let ctx = ctx.clone();
                 let label = format!("run {run_id} watcher {i} (spread: {spread})");
-                tokio::spawn(async move { follow(&ctx, label, reader, "run_completed").await })
-            })
-            .collect();
-        let mut frames = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            frames.push(task.await??);
-        }
-        ctx.fake.close_gate(MODEL_FANOUT);
-        rates.push(super::fanout::delivery(open, &frames).0);
+                async move { follow(&ctx, label, reader).await }
+            },
+        )
+        .await?;
+        rates.push(super::fanout::delivery(run.open, &run.watched).0);
     }
     drop(processes);
     Ok(vec![

@@ -5,40 +5,22 @@
 //! run. The "baseline" column is behest with webhooks off. Then the same behest's outbox is
 //! checked empty: a run without a webhook wrote no delivery.
 
-use super::latency::{Latency, wave};
-use super::ops::start;
-use super::{Ctx, MODEL_DEFAULT};
+use super::Ctx;
+use super::ops::{OnOff, Stat, start};
 use crate::Result;
-use crate::report::{Compare, Row, Target};
+use crate::report::{Row, Target};
 
 /// 32 key bytes, Standard Webhooks form (the bench's own; nothing is ever signed with it).
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYo=";
 
 pub(super) async fn overhead(ctx: &Ctx) -> Result<Vec<Row>> {
-    let plan = &ctx.plan;
     let (off_process, off_db) = start(ctx, "webhooks-off", "").await?;
     let on_extra = format!("[webhooks]\nsecret = \"{SECRET}\"\n");
     let (on_process, on_db) = start(ctx, "webhooks-on", &on_extra).await?;
     let off = ctx.aimed_at(&off_process.base_url, off_process.pid, None);
     let on = ctx.aimed_at(&on_process.base_url, on_process.pid, None);
-    let tokens = plan.profile.tokens;
     let result = async {
-        let (mut off_one, mut on_one) = (Latency::default(), Latency::default());
-        // Alternate so that drift of the machine hits both alike.
-        for _ in 0..plan.latency_runs {
-            let trace = off.behest_run(MODEL_DEFAULT, tokens).await?;
-            off_one.add(&trace, &ctx.sent(&trace.tag));
-            let trace = on.behest_run(MODEL_DEFAULT, tokens).await?;
-            on_one.add(&trace, &ctx.sent(&trace.tag));
-        }
-        let (mut off_many, mut on_many) = (Latency::default(), Latency::default());
-        for _ in 0..plan.concurrent_waves {
-            for (side, into) in [(&off, &mut off_many), (&on, &mut on_many)] {
-                let from = wave(side, true, plan.concurrent_runs, MODEL_DEFAULT).await?;
-                into.ttft.extend(&from.ttft);
-                into.gaps.extend(&from.gaps);
-            }
-        }
+        let latency = OnOff::measure(ctx, &off, &on).await?;
         // Webhooks were really on, and a run without one wrote no delivery.
         let runs: serde_json::Value = ctx
             .client
@@ -73,38 +55,16 @@ pub(super) async fn overhead(ctx: &Ctx) -> Result<Vec<Row>> {
         if !metrics.contains("behest_webhook_deliveries_pending 0") {
             bail!("the behest with webhooks on shows no empty outbox:\n{metrics}");
         }
-        let many = format!("{} runs", plan.concurrent_runs);
-        let row = |figure: String, off: f64, on: f64, samples: usize| {
-            Row::new(&figure, "ms", Some(off), on, Compare::Difference).samples(samples)
+        let row = |stat: Stat, p: f64, many: bool| {
+            latency.row("webhooks on, run without one", stat, p, many)
         };
         Ok(vec![
-            row(
-                "webhooks on, run without one: time to first token p50 (1 run)".to_owned(),
-                off_one.ttft.p(50.0),
-                on_one.ttft.p(50.0),
-                on_one.ttft.len(),
-            )
-            .target(Target::AtMost(0.2))
-            .note("baseline = behest without [webhooks]"),
-            row(
-                "webhooks on, run without one: gap between token events p50 (1 run)".to_owned(),
-                off_one.gaps.p(50.0),
-                on_one.gaps.p(50.0),
-                on_one.gaps.len(),
-            )
-            .target(Target::AtMost(0.2)),
-            row(
-                format!("webhooks on, run without one: time to first token p50 ({many})"),
-                off_many.ttft.p(50.0),
-                on_many.ttft.p(50.0),
-                on_many.ttft.len(),
-            ),
-            row(
-                format!("webhooks on, run without one: gap between token events p99 ({many})"),
-                off_many.gaps.p(99.0),
-                on_many.gaps.p(99.0),
-                on_many.gaps.len(),
-            ),
+            row(Stat::Ttft, 50.0, false)
+                .target(Target::AtMost(0.2))
+                .note("baseline = behest without [webhooks]"),
+            row(Stat::Gap, 50.0, false).target(Target::AtMost(0.2)),
+            row(Stat::Ttft, 50.0, true),
+            row(Stat::Gap, 99.0, true),
         ])
     }
     .await;
