@@ -74,15 +74,20 @@ pub struct Approval {
     /// `true`: the tool runs; `false`: it does not, and the model sees a `Failure`
     /// "rejected by the user: <reason>".
     pub approve: bool,
-    /// Why, shown to the model with a rejection; no U+0000.
+    /// Why, shown to the model with a rejection: at most 4096 characters, no U+0000.
     #[serde(default)]
-    #[schema(pattern = r"^[^\u0000]*$")]
+    #[schema(max_length = 4096, pattern = r"^[^\u0000]*$")]
     pub reason: Option<String>,
-    /// Who decided (a person's name or an id of your app's, 1 to 255 characters, no U+0000):
+    /// Who decided (a person's name or an id of your app's, 1 to 255 characters, no control
+    /// character):
     /// kept as `decided_by` of the `tool_approval_decided` event, as given (behest does not
     /// check it; the event's `api_key` names the key that sent it).
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 255, pattern = r"^[^\u0000]*$")]
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^[^\u0000-\u001f\u007f]*$"
+    )]
     pub decided_by: Option<String>,
 }
 
@@ -139,17 +144,26 @@ pub(super) fn sent_by(caller: Caller, answer: ActionAnswer) -> ActionAnswer {
     }
 }
 
-/// Checks a `decided_by` a client sent: 1 to 255 characters, no U+0000 (422 `invalid_field`
-/// naming `field`).
+/// Checks a `decided_by` a client sent: 1 to 255 characters, no control character (422
+/// `invalid_field` naming `field`).
 pub(super) fn check_decided_by(field: &str, decided_by: Option<&str>) -> Result<(), ApiError> {
     match decided_by {
-        Some(name) if name.is_empty() || name.chars().count() > 255 => {
-            Err(invalid(field, "`decided_by` must be 1 to 255 characters"))
+        Some(name)
+            if name.is_empty()
+                || name.chars().count() > 255
+                || name.chars().any(|c| c.is_ascii_control()) =>
+        {
+            Err(invalid(
+                field,
+                "`decided_by` must be 1 to 255 characters, none of them a control character",
+            ))
         }
-        Some(name) => no_nul(field, &[name]),
-        None => Ok(()),
+        _ => Ok(()),
     }
 }
+
+/// Most characters of an approval's `reason`.
+pub(super) const REASON_MAX_CHARS: usize = 4096;
 
 /// The problem for an [`AnswerError`]; the errors about one call name `field`, the body's
 /// list.
@@ -300,6 +314,16 @@ pub async fn submit_approvals(
             ],
         )?;
         check_decided_by("approvals", approval.decided_by.as_deref())?;
+        if approval
+            .reason
+            .as_deref()
+            .is_some_and(|reason| reason.chars().count() > REASON_MAX_CHARS)
+        {
+            return Err(invalid(
+                "approvals",
+                format!("a `reason` must be at most {REASON_MAX_CHARS} characters"),
+            ));
+        }
         answers.push(Answer {
             call_id: approval.call_id,
             answer: sent_by(

@@ -303,9 +303,12 @@ fn response(error: &ApiError) -> Bytes {
 }
 
 /// The headers a request may give once: with two, a gateway that reads the first and a server
-/// that reads the last would see two requests.
-const SINGLE_HEADERS: [(HeaderName, &str); 3] = [
+/// that reads the last would see two requests (RFC 9110 §7.2 for `Host`; `Content-Type` is a
+/// singleton field, §8.3).
+const SINGLE_HEADERS: [(HeaderName, &str); 5] = [
     (header::AUTHORIZATION, "Authorization"),
+    (header::HOST, "Host"),
+    (header::CONTENT_TYPE, "Content-Type"),
     (
         HeaderName::from_static("idempotency-key"),
         "Idempotency-Key",
@@ -313,7 +316,8 @@ const SINGLE_HEADERS: [(HeaderName, &str); 3] = [
     (HeaderName::from_static("last-event-id"), "Last-Event-ID"),
 ];
 
-/// Middleware of every request: `Authorization`, `Idempotency-Key` or `Last-Event-ID` given
+/// Middleware of every request: `Authorization`, `Host`, `Content-Type`, `Idempotency-Key` or
+/// `Last-Event-ID` given
 /// more than once (two lines, whatever their values) is `400 duplicate_header` naming the
 /// header (`field`), before authentication and routing.
 pub async fn refuse_repeated_headers(request: Request, next: Next) -> Response {

@@ -58,6 +58,7 @@ pub(super) async fn start_run(
                     "invalid_header",
                     format!("Idempotency-Key {}", crate::domain::IDEMPOTENCY_KEY_RULE),
                 )
+                .field("Idempotency-Key")
             })?;
         match &request.client_request_id {
             None => request.client_request_id = Some(key.to_owned()),

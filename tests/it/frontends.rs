@@ -544,13 +544,26 @@ mod ids {
         let run = run_until(&server, &run_id, &["requires_action"]).await;
         let call_id = run["required_action"]["tool_calls"][0]["call_id"].clone();
         let path = format!("/runs/{run_id}/approvals");
-        for bad in [json!(""), json!("x".repeat(256)), json!("a\u{0}b")] {
+        let long_reason = "r".repeat(4097);
+        for bad in [
+            json!({"decided_by": ""}),
+            json!({"decided_by": "x".repeat(256)}),
+            json!({"decided_by": "a\u{0}b"}),
+            json!({"decided_by": "alice\n"}),
+            json!({"decided_by": "al\u{7f}ice"}),
+            json!({"reason": long_reason}),
+        ] {
+            let mut approval = json!({"call_id": call_id, "approve": true});
+            approval
+                .as_object_mut()
+                .unwrap()
+                .extend(bad.as_object().unwrap().clone());
             let (status, problem) = json_of(
                 &server,
                 KEYS[1],
                 reqwest::Method::POST,
                 &path,
-                Some(&json!({"approvals": [{"call_id": call_id, "approve": true, "decided_by": bad}]})),
+                Some(&json!({"approvals": [approval]})),
             )
             .await;
             assert_eq!(

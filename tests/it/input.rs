@@ -371,7 +371,7 @@ async fn idempotency_keys_are_bounded_visible_ascii(backend: Backend) {
             &[("idempotency-key", key)],
         )
         .await;
-        assert_problem(&got, 400, "invalid_header", None);
+        assert_problem(&got, 400, "invalid_header", Some("Idempotency-Key"));
         assert!(
             got.2["detail"].as_str().unwrap().contains("255"),
             "{}",

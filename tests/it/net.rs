@@ -569,6 +569,18 @@ async fn refused_heads_and_repeated_headers_are_problem_json() {
                 .to_owned(),
             "Authorization",
         ),
+        (
+            "GET /runs HTTP/1.1\r\nhost: x\r\nHost: y\r\n\r\n".to_owned(),
+            "Host",
+        ),
+        (
+            format!(
+                "POST /runs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                 Content-Type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+            "Content-Type",
+        ),
     ] {
         let mut stream = connect(&server).await;
         stream.write_all(request.as_bytes()).await.unwrap();
