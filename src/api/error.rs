@@ -391,7 +391,7 @@ impl From<CreateRunError> for ApiError {
             .field("webhook"),
             CreateRunError::Webhook(crate::runtime::WebhookProblem::Invalid(_)) => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_webhook", detail)
-                    .field("webhook")
+                    .field("webhook.url")
             }
             CreateRunError::Store(error) => error.into(),
         }

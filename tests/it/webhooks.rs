@@ -384,22 +384,37 @@ async fn webhooks_not_allowed_are_refused_and_runs_without_one_write_nothing(bac
     };
     let long = format!("https://hooks.example.com/{}", "a".repeat(2048));
     let refused = [
-        ("http://127.0.0.1:9/hook", "invalid_webhook", "webhook"),
-        ("http://localhost:9/hook", "invalid_webhook", "webhook"),
-        ("http://[::1]:9/hook", "invalid_webhook", "webhook"),
+        ("http://127.0.0.1:9/hook", "invalid_webhook", "webhook.url"),
+        ("http://localhost:9/hook", "invalid_webhook", "webhook.url"),
+        ("http://[::1]:9/hook", "invalid_webhook", "webhook.url"),
         (
             "http://[64:ff9b::7f00:1]:9/hook",
             "invalid_webhook",
-            "webhook",
+            "webhook.url",
         ),
-        ("http://198.18.0.1:9/hook", "invalid_webhook", "webhook"),
+        ("http://198.18.0.1:9/hook", "invalid_webhook", "webhook.url"),
+        ("http://[3fff::1]:9/hook", "invalid_webhook", "webhook.url"),
+        (
+            "http://[::ffff:0:7f00:1]:9/hook",
+            "invalid_webhook",
+            "webhook.url",
+        ),
+        (
+            "http://hooks.example.com:0/hook",
+            "invalid_webhook",
+            "webhook.url",
+        ),
         (
             "https://other.example.com/hook",
             "invalid_webhook",
-            "webhook",
+            "webhook.url",
         ),
-        ("ftp://hooks.example.com/hook", "invalid_webhook", "webhook"),
-        ("not a url", "invalid_webhook", "webhook"),
+        (
+            "ftp://hooks.example.com/hook",
+            "invalid_webhook",
+            "webhook.url",
+        ),
+        ("not a url", "invalid_webhook", "webhook.url"),
         // The shape, checked like any field's: a URL parser would strip these quietly.
         (
             " https://hooks.example.com/hook",

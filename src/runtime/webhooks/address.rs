@@ -11,12 +11,14 @@ use std::net::{IpAddr, SocketAddr};
 /// <https://www.iana.org/assignments/iana-ipv6-special-registry>) that is not globally
 /// reachable — loopback, private (RFC 1918), link-local, carrier-grade NAT (100.64/10), IETF
 /// protocol assignments (192.0.0/24), documentation (192.0.2/24, 198.51.100/24, 203.0.113/24,
-/// 2001:db8::/32), benchmarking (198.18/15, 2001:2::/48), the 6to4 relay anycast
+/// 2001:db8::/32, 3fff::/20), benchmarking (198.18/15, 2001:2::/48), SRv6 SIDs (5f00::/16),
+/// the 6to4 relay anycast
 /// (192.88.99/24), reserved (240/4), broadcast, `0.0.0.0/8`, multicast, IPv6 unique-local
 /// (fc00::/7), link-local (fe80::/10), site-local (fec0::/10), discard (100::/64), the IETF
 /// protocol block 2001::/23 (Teredo among them), NAT64's local-use 64:ff9b:1::/48 — and an IPv6
-/// address that carries an IPv4 one (IPv4-mapped `::ffff:0:0/96`, IPv4-compatible `::/96`,
-/// NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) when that IPv4 address is not public.
+/// address that carries an IPv4 one (IPv4-mapped `::ffff:0:0/96`, IPv4-translated
+/// `::ffff:0:0:0/96`, IPv4-compatible `::/96`, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) when that
+/// IPv4 address is not public.
 #[must_use]
 pub fn is_private(ip: IpAddr) -> bool {
     match ip {
@@ -52,13 +54,15 @@ pub fn is_private(ip: IpAddr) -> bool {
                 || s[..4] == [0x100, 0, 0, 0]
                 || (s[0] == 0x2001 && s[1] < 0x200)
                 || s[..2] == [0x2001, 0xdb8]
+                || (s[0] & 0xfff0) == 0x3ff0
+                || s[0] == 0x5f00
                 || s[..3] == [0x64, 0xff9b, 1]
         }
     }
 }
 
 /// The IPv4 address an IPv6 address carries, by its prefix: IPv4-mapped (`::ffff:a.b.c.d`,
-/// RFC 4291), IPv4-compatible (`::a.b.c.d`, deprecated; not `::` or `::1`), NAT64's well-known
+/// RFC 4291), IPv4-translated (`::ffff:0:a.b.c.d`, RFC 7915), IPv4-compatible (`::a.b.c.d`, deprecated; not `::` or `::1`), NAT64's well-known
 /// prefix (`64:ff9b::a.b.c.d`, RFC 6052) and 6to4 (`2002:AABB:CCDD::/48`, RFC 3056).
 fn embedded_v4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
     let s = v6.segments();
@@ -72,6 +76,7 @@ fn embedded_v4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
     }
     match s {
         [0, 0, 0, 0, 0, 0, hi, lo] if hi != 0 => Some(tail(hi, lo)),
+        [0, 0, 0, 0, 0xffff, 0, hi, lo] => Some(tail(hi, lo)),
         [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Some(tail(hi, lo)),
         [0x2002, hi, lo, ..] => Some(tail(hi, lo)),
         _ => None,
@@ -94,7 +99,7 @@ pub async fn resolve(host: &str, allow_private: bool) -> Result<Vec<SocketAddr>,
     }
     if !allow_private && let Some(address) = addresses.iter().find(|a| is_private(a.ip())) {
         return Err(format!(
-            "`{host}` resolves to {}, a loopback, private or link-local address (the server's \
+            "`{host}` resolves to {}, an address that is not publicly reachable (the server's \
              [webhooks] allow_private_addresses is off)",
             address.ip()
         ));
@@ -164,6 +169,10 @@ mod tests {
             "2001:2::1",
             "100::1",
             "fec0::1",
+            "3fff::1",
+            "3fff:fff::1",
+            "5f00::1",
+            "::ffff:0:7f00:1",
         ] {
             assert!(is_private(private.parse().unwrap()), "{private}");
         }

@@ -130,6 +130,9 @@ impl Webhooks {
         let Some(host) = parsed.host_str() else {
             return Err(WebhookProblem::Invalid("has no host".to_owned()));
         };
+        if parsed.port() == Some(0) {
+            return Err(WebhookProblem::Invalid("names port 0".to_owned()));
+        }
         let allowed = &self.config.allowed_hosts;
         if !allowed.is_empty() && !allowed.iter().any(|h| h.eq_ignore_ascii_case(host)) {
             return Err(WebhookProblem::Invalid(format!(
@@ -146,7 +149,8 @@ impl Webhooks {
             && address::is_private(ip)
         {
             return Err(WebhookProblem::Invalid(format!(
-                "names a private address ({ip}); set [webhooks] allow_private_addresses to allow it"
+                "names an address that is not publicly reachable ({ip}); set [webhooks] \
+                 allow_private_addresses to allow it"
             )));
         }
         Ok(host.to_owned())
