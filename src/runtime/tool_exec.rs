@@ -373,7 +373,9 @@ pub(super) async fn finish_open_executions(
 /// run sends a valid history. A call whose result the log holds (`tool_execution_finished` in
 /// `trail`'s last turn: the run was stopped between logging a result and committing it) is
 /// answered with that result, so the session says what the log says; the others with
-/// `reason`.
+/// `reason`, logged first as the call's `tool_execution_finished` (a `Failure`) when the call is
+/// one of the last turn's (a call that waited for the client: a reader of the log sees how it
+/// ended).
 ///
 /// # Errors
 /// The event log's.
@@ -403,12 +405,27 @@ pub(super) async fn answer_open_calls(
                 .and_then(|execution| execution.result.as_ref())
         })
     };
+    let mut finished: Vec<&str> = Vec::new();
     for call in &open {
         let content = match logged(call) {
             Some(result) => tool_content(result),
-            None => vec![ContentPart::Text {
-                text: format!("error: {reason}"),
-            }],
+            None => {
+                let result = ToolExecutionResult::Failure(ToolFailure {
+                    error: reason.to_owned(),
+                });
+                if trail.awaits_result(&call.id) && !finished.contains(&call.id.as_str()) {
+                    finished.push(&call.id);
+                    emitter
+                        .emit(EventPayload::ToolExecutionFinished(ToolExecutionFinished {
+                            call_id: call.id.clone(),
+                            tool_name: call.name.clone(),
+                            result: result.clone(),
+                            duration_ms: 0,
+                        }))
+                        .await?;
+                }
+                tool_content(&result)
+            }
         };
         commit_tool_message(emitter, record, call, content).await?;
     }

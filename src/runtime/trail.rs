@@ -323,6 +323,24 @@ impl RunTrail {
             .map(|call| &call.turn)
     }
 
+    /// Whether `call_id` is a call of the committed turn whose result is not logged yet (no
+    /// `tool_execution_finished`): its execution never started (it waits for the client, or
+    /// was never reached) or is open.
+    #[must_use]
+    pub fn awaits_result(&self, call_id: &str) -> bool {
+        self.call
+            .as_ref()
+            .filter(|call| call.phase == CallPhase::Committed)
+            .is_some_and(|call| {
+                call.has_completed(call_id)
+                    && !call
+                        .turn
+                        .executions
+                        .iter()
+                        .any(|execution| execution.call_id == call_id && execution.result.is_some())
+            })
+    }
+
     /// The executions started and not finished.
     pub fn open_executions(&self) -> impl Iterator<Item = &Execution> {
         self.turn()

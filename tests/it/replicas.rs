@@ -769,6 +769,11 @@ async fn a_cancel_racing_a_client_tools_output_on_another_replica_keeps_log_and_
             .map(|e| e["message_id"].as_str().unwrap().to_owned())
             .collect();
         assert_eq!(committed.len(), 1, "one answer to the call: {frames:#?}");
+        assert_eq!(
+            finished.len(),
+            1,
+            "the call's end is logged, the cancel's too: {frames:#?}"
+        );
         let messages = a
             .get_json(&format!(
                 "/sessions/{}/messages?limit=200",
