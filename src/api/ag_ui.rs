@@ -386,7 +386,11 @@ async fn agent_answer(
     let permit = state.limits.open_watcher(caller)?;
     let created = runs::start_run(state, caller, headers, fields)
         .await
-        .map_err(|error| error.field_renamed("input", "messages"))?;
+        .map_err(|error| {
+            error
+                .field_renamed("input", "messages")
+                .field_renamed("client_request_id", "runId")
+        })?;
     let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit).await?;
     run_id_header(&mut response, &created.record.id.to_string());
     Ok(response)

@@ -379,9 +379,8 @@ impl From<CreateRunError> for ApiError {
                 detail,
             )
             .retry_after(1),
-            CreateRunError::InputTooLarge { .. } => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail)
-                    .field("input")
+            CreateRunError::InputTooLarge { field, .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail).field(field)
             }
             CreateRunError::Webhook(crate::runtime::WebhookProblem::Disabled) => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

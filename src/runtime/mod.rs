@@ -125,15 +125,18 @@ pub enum CreateRunError {
     #[error(
         "the input with the run's instructions and tool definitions (about {estimated} tokens) \
          does not fit the context window of model `{model}`: a request may hold at most {limit} \
-         tokens (its context_window less the answer's max_output_tokens)"
+         tokens (its context_window less the answer's max_output_tokens); shorten `{field}`"
     )]
     InputTooLarge {
         /// The model.
         model: String,
-        /// The input's estimated tokens.
+        /// The request's estimated tokens.
         estimated: u64,
         /// The most tokens a request of the model may hold.
         limit: u64,
+        /// What to shorten: `input` when it alone does not fit, else the larger of
+        /// `instructions` and `tools`.
+        field: &'static str,
     },
     /// The run's webhook is refused (webhooks off, or a URL not allowed).
     #[error(transparent)]
@@ -453,6 +456,7 @@ impl Runtime {
             model: new_run.model.clone(),
             estimated: too_large.estimated,
             limit: too_large.limit,
+            field: too_large.field,
         })?;
         // Registered (and its live feed opened) before the run is visible, so neither a cancel
         // nor a watcher can find it unowned.

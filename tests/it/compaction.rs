@@ -1569,10 +1569,13 @@ async fn a_request_that_cannot_fit_is_refused_at_create(backend: Backend) {
     let sessions = server.get_json("/sessions").await;
     let runs = server.get_json("/runs").await;
     let long_tool = json!([{"name": "lookup_everything", "description": "word ".repeat(7_000)}]);
-    for body in [
-        json!({"input": "word ".repeat(7_000)}),
-        json!({"input": "Hello.", "instructions": "word ".repeat(7_000)}),
-        json!({"input": "Hello.", "tools": long_tool}),
+    for (body, field) in [
+        (json!({"input": "word ".repeat(7_000)}), "input"),
+        (
+            json!({"input": "Hello.", "instructions": "word ".repeat(7_000)}),
+            "instructions",
+        ),
+        (json!({"input": "Hello.", "tools": long_tool}), "tools"),
     ] {
         let mut body = body;
         body["provider"] = json!("fake");
@@ -1587,7 +1590,7 @@ async fn a_request_that_cannot_fit_is_refused_at_create(backend: Backend) {
         assert_eq!(refused.status(), 422);
         let problem: Value = refused.json().await.unwrap();
         assert_eq!(problem["code"], "input_too_large", "{problem}");
-        assert_eq!(problem["field"], "input", "{problem}");
+        assert_eq!(problem["field"], field, "{problem}");
         assert!(
             problem["detail"].as_str().unwrap().contains("fake-model"),
             "{problem}"

@@ -13,10 +13,13 @@ use crate::store::SessionContext;
 /// An input that does not fit: its estimate and the most a request may hold, in tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::runtime) struct TooLarge {
-    /// The input's estimated tokens (the tokenizer's count, corrected by its prior ratio).
+    /// The request's estimated tokens (the tokenizer's count, corrected by its prior ratio).
     pub estimated: u64,
     /// The model's context window less the run's `max_output_tokens`.
     pub limit: u64,
+    /// The request field to shorten: `input` when the input alone does not fit, else the
+    /// larger of `instructions` and `tools`.
+    pub field: &'static str,
 }
 
 /// Whether `input` (the run's user message) fits `window` for `model` in a request of it
@@ -63,7 +66,12 @@ pub(in crate::runtime) async fn check_input(
         return Ok(());
     }
     let model = model.to_owned();
-    let estimated = tokio::task::spawn_blocking(move || {
+    let instructions_bytes = instructions.as_ref().map_or(0, String::len);
+    let tools_bytes: usize = tools
+        .iter()
+        .map(|tool| tool.description.len() + tool.parameters.to_string().len())
+        .sum();
+    let counted = tokio::task::spawn_blocking(move || {
         if !tokenizer.is_ready() {
             tokenizer.warm_up();
         }
@@ -71,17 +79,33 @@ pub(in crate::runtime) async fn check_input(
             messages: vec![input],
             ..SessionContext::default()
         };
-        Conversation::new(context, &model)
+        let mut alone = Conversation::new(context, &model);
+        let input_alone = alone.measure(&[]).estimated;
+        let whole = alone
             .with_instructions(instructions.as_deref())
             .measure(&tools)
-            .estimated
+            .estimated;
+        (whole, input_alone)
     })
-    .await
+    .await;
     // A counting thread that failed cannot say the input is too large: the run's own checks
     // before its model call still stand.
-    .unwrap_or(0);
+    let Ok((estimated, input_alone)) = counted else {
+        return Ok(());
+    };
     if estimated > limit {
-        return Err(TooLarge { estimated, limit });
+        let field = if input_alone > limit {
+            "input"
+        } else if instructions_bytes >= tools_bytes {
+            "instructions"
+        } else {
+            "tools"
+        };
+        return Err(TooLarge {
+            estimated,
+            limit,
+            field,
+        });
     }
     Ok(())
 }
