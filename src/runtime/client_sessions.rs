@@ -6,7 +6,7 @@ use chrono::Utc;
 
 use super::{CreateRunError, Runtime};
 use crate::domain::{MessageId, RunId, RunRecord, RunStatus, Session, SessionDefaults, SessionId};
-use crate::events::{AgentEvent, CallNames, EventPayload};
+use crate::events::{CallNames, EventPayload};
 use crate::store::{RunFilter, StoreError};
 
 impl Runtime {
@@ -118,41 +118,34 @@ impl Runtime {
     /// # Errors
     /// The store's.
     pub async fn pauses(&self, run_id: RunId) -> Result<Vec<Pause>, StoreError> {
-        const PAGE: u32 = 1000;
-        let mut after = 0;
         let mut names = CallNames::new(run_id);
         let mut found = Vec::new();
-        loop {
-            let page = self.store.read_events(run_id, after, PAGE).await?;
-            let Some(last) = page.last() else {
-                return Ok(found);
-            };
-            after = last.sequence;
-            // Every event is read typed (the log is matched by variant, never by its tag).
-            for logged in &page {
-                let event = serde_json::from_str::<AgentEvent>(&logged.data).map_err(|error| {
-                    StoreError::Corrupt(format!(
-                        "event {} of run {run_id} does not read: {error}",
-                        logged.sequence
-                    ))
-                })?;
-                names.record(&event);
-                if let EventPayload::ToolCallsRequired(action) = event.payload {
-                    found.push(Pause {
-                        sequence: logged.sequence,
-                        message_id: action.message_id,
-                        calls: action
-                            .tool_calls
-                            .iter()
-                            .map(|call| PausedCall {
-                                name: names.name(&call.call_id),
-                                call_id: call.call_id.clone(),
-                            })
-                            .collect(),
-                    });
-                }
+        // Every event is read typed (the log is matched by variant, never by its tag).
+        crate::store::read_log(self.store.as_ref(), run_id, |sequence, event| {
+            let event = event.map_err(|error| {
+                StoreError::Corrupt(format!(
+                    "event {sequence} of run {run_id} does not read: {error}"
+                ))
+            })?;
+            names.record(&event);
+            if let EventPayload::ToolCallsRequired(action) = event.payload {
+                found.push(Pause {
+                    sequence,
+                    message_id: action.message_id,
+                    calls: action
+                        .tool_calls
+                        .iter()
+                        .map(|call| PausedCall {
+                            name: names.name(&call.call_id),
+                            call_id: call.call_id.clone(),
+                        })
+                        .collect(),
+                });
             }
-        }
+            Ok(())
+        })
+        .await?;
+        Ok(found)
     }
 }
 

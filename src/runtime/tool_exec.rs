@@ -327,11 +327,11 @@ pub(super) async fn skip_calls(
     calls: &[ToolCall],
     reason: &str,
 ) -> Result<(), LogError> {
+    let content = tool_content(&ToolExecutionResult::Failure(ToolFailure {
+        error: reason.to_owned(),
+    }));
     for call in calls {
-        let content = vec![ContentPart::Text {
-            text: format!("error: {reason}"),
-        }];
-        commit_tool_message(emitter, record, call, content).await?;
+        commit_tool_message(emitter, record, call, content.clone()).await?;
     }
     Ok(())
 }

@@ -22,9 +22,6 @@ use crate::domain::{MessageId, PendingKind, RequiredAction, RunEnd, RunId};
 use crate::events::{AgentEvent, EventPayload, ToolExecutionResult};
 use crate::store::{Store, StoreError};
 
-/// Events read per page when a trail is loaded (a log shorter than this is one read).
-const PAGE: u32 = 1000;
-
 /// Why an event cannot follow the events of the run before it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TrailError {
@@ -223,23 +220,18 @@ impl RunTrail {
     /// The store's.
     pub async fn load(store: &dyn Store, run_id: RunId) -> Result<Self, StoreError> {
         let mut trail = Self::new();
-        let mut after = 0;
-        loop {
-            let page = store.read_events(run_id, after, PAGE).await?;
-            for logged in &page {
-                let recorded = match serde_json::from_str::<AgentEvent>(&logged.data) {
-                    Ok(event) => trail.record(&event),
-                    Err(error) => trail.unreadable(logged.sequence, error.to_string()),
-                };
-                if let Err(error) = recorded {
-                    tracing::debug!(%run_id, %error, "an event of the run's log does not fold");
-                }
+        crate::store::read_log(store, run_id, |sequence, event| {
+            let recorded = match event {
+                Ok(event) => trail.record(&event),
+                Err(error) => trail.unreadable(sequence, error.to_string()),
+            };
+            if let Err(error) = recorded {
+                tracing::debug!(%run_id, %error, "an event of the run's log does not fold");
             }
-            match page.last() {
-                Some(last) if page.len() == PAGE as usize => after = last.sequence,
-                _ => return Ok(trail),
-            }
-        }
+            Ok(())
+        })
+        .await?;
+        Ok(trail)
     }
 
     /// Folds the next event of the run. An event that cannot follow the ones before it changes

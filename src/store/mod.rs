@@ -956,3 +956,31 @@ impl Signal {
         }
     }
 }
+
+/// Events per query when a whole log is read (a log shorter than this is one read).
+const LOG_PAGE: u32 = 1000;
+
+/// Reads run `run_id`'s whole log in order, handing `each` every event typed (or why its stored
+/// JSON does not read as an [`crate::events::AgentEvent`], with its sequence): the one way a
+/// log is read to fold it. Stops at the first error `each` returns.
+///
+/// # Errors
+/// The store's, or the first of `each`.
+pub async fn read_log(
+    store: &dyn Store,
+    run_id: RunId,
+    mut each: impl FnMut(u64, Result<crate::events::AgentEvent, serde_json::Error>) -> StoreResult<()>
+    + Send,
+) -> StoreResult<()> {
+    let mut after = 0;
+    loop {
+        let page = store.read_events(run_id, after, LOG_PAGE).await?;
+        for logged in &page {
+            each(logged.sequence, serde_json::from_str(&logged.data))?;
+        }
+        match page.last() {
+            Some(last) if page.len() == LOG_PAGE as usize => after = last.sequence,
+            _ => return Ok(()),
+        }
+    }
+}

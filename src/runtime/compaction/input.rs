@@ -40,6 +40,11 @@ pub(in crate::runtime) async fn check_input(
 ) -> Result<(), TooLarge> {
     let limit = window.hard();
     let tokenizer = Tokenizer::for_model(model);
+    let instructions_bytes = instructions.as_ref().map_or(0, String::len);
+    let tools_bytes: usize = tools
+        .iter()
+        .map(|tool| tool.name.len() + tool.description.len() + tool.parameters.to_string().len())
+        .sum();
     let bytes: usize = input
         .content
         .iter()
@@ -49,13 +54,8 @@ pub(in crate::runtime) async fn check_input(
             ContentPart::Image { .. } => 0,
         })
         .sum::<usize>()
-        + instructions.as_ref().map_or(0, String::len)
-        + tools
-            .iter()
-            .map(|tool| {
-                tool.name.len() + tool.description.len() + tool.parameters.to_string().len()
-            })
-            .sum::<usize>();
+        + instructions_bytes
+        + tools_bytes;
     let images = input
         .content
         .iter()
@@ -66,11 +66,6 @@ pub(in crate::runtime) async fn check_input(
         return Ok(());
     }
     let model = model.to_owned();
-    let instructions_bytes = instructions.as_ref().map_or(0, String::len);
-    let tools_bytes: usize = tools
-        .iter()
-        .map(|tool| tool.description.len() + tool.parameters.to_string().len())
-        .sum();
     let counted = tokio::task::spawn_blocking(move || {
         if !tokenizer.is_ready() {
             tokenizer.warm_up();
