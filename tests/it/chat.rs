@@ -86,6 +86,29 @@ async fn read(response: reqwest::Response) -> Sse {
     }
 }
 
+/// The first pause's answer posted again to `route` after the run paused a second time with
+/// the same provider call id: the first continuation again (`continued`), and the second pause
+/// still waits (the provider got no new request after its three).
+async fn first_answer_again(
+    server: &ServerProcess,
+    provider: &FakeOpenAi,
+    route: &str,
+    answered_first: &Value,
+    continued: &Sse,
+    run_id: &str,
+) {
+    let again = post(server, route, answered_first).await;
+    assert_eq!(again.status, 200, "{}", again.problem);
+    assert_eq!(again.frames, continued.frames);
+    let run = server.get_json(&format!("/runs/{run_id}")).await;
+    assert_eq!(run["status"], "requires_action", "{run}");
+    assert_eq!(
+        provider.requests().len(),
+        3,
+        "nothing answered the second pause"
+    );
+}
+
 async fn post(server: &ServerProcess, path: &str, body: &Value) -> Sse {
     let response = server
         .client
@@ -831,16 +854,15 @@ async fn chat_answers_the_pause_its_ids_name(backend: Backend) {
     );
 
     // The first pause's answer again: its continuation again, and the second pause still waits.
-    let again = post(&server, "/chat", &answered_first).await;
-    assert_eq!(again.status, 200, "{}", again.problem);
-    assert_eq!(again.frames, continued.frames);
-    let run = server.get_json(&format!("/runs/{run_id}")).await;
-    assert_eq!(run["status"], "requires_action", "{run}");
-    assert_eq!(
-        provider.requests().len(),
-        3,
-        "nothing answered the second pause"
-    );
+    first_answer_again(
+        &server,
+        &provider,
+        "/chat",
+        &answered_first,
+        &continued,
+        &run_id,
+    )
+    .await;
     // Answering it otherwise is a conflict with what the first post recorded.
     let refused = post(
         &server,
@@ -945,16 +967,15 @@ async fn ag_ui_answers_the_pause_its_ids_name(backend: Backend) {
         "a compaction ran between the pauses"
     );
 
-    let again = post(&server, "/ag-ui", &answered_first).await;
-    assert_eq!(again.status, 200, "{}", again.problem);
-    assert_eq!(again.frames, continued.frames);
-    let run = server.get_json(&format!("/runs/{run_id}")).await;
-    assert_eq!(run["status"], "requires_action", "{run}");
-    assert_eq!(
-        provider.requests().len(),
-        3,
-        "nothing answered the second pause"
-    );
+    first_answer_again(
+        &server,
+        &provider,
+        "/ag-ui",
+        &answered_first,
+        &continued,
+        &run_id,
+    )
+    .await;
 
     let last = post(
         &server,
