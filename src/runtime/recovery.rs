@@ -300,8 +300,14 @@ pub(super) async fn lease_loop(runtime: Weak<Runtime>, ttl: Duration) {
             }
             Err(error) => {
                 tracing::warn!(%error, "lease renewal failed");
-                let expiring = confirmed_until
-                    .is_none_or(|until| runtime.store_now_ms().saturating_add(period_ms) >= until);
+                // The next decision can come two periods from now (this iteration's clock
+                // read and the next renewal are each bounded by a period, and the tick may wait
+                // one): the leases are stopped now unless they surely outlive it. Looking one
+                // period ahead let a renewal that failed just short of that stop the runs a
+                // period after their leases expired.
+                let expiring = confirmed_until.is_none_or(|until| {
+                    runtime.store_now_ms().saturating_add(2 * period_ms) >= until
+                });
                 if !runtime.store.single_process() && expiring {
                     runtime.leases_confirmed.store(false, Ordering::Release);
                     for run_id in leased {

@@ -180,9 +180,12 @@ async fn a_chatty_tool_is_rate_limited(backend: Backend) {
         "a report at once and more as the interval passes: {} in {duration_ms} ms",
         progress.len()
     );
-    assert_eq!(
-        progress[0]["progress"], 1.0,
-        "the first report is logged at once"
+    // The tool reports a step a millisecond: the first report is logged at once (a step or
+    // two in, on a loaded machine: the latest wins), not after the 250 ms interval (~250).
+    let first = progress[0]["progress"].as_f64().unwrap();
+    assert!(
+        (1.0..50.0).contains(&first),
+        "the first report is logged at once: step {first}"
     );
     // The latest wins: later events carry later steps.
     let steps: Vec<f64> = progress
