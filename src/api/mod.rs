@@ -63,6 +63,8 @@ pub struct AppInner {
     pub metrics: Option<PrometheusHandle>,
     /// Time a request body may take to arrive whole (`[http] body_read_timeout_ms`).
     pub body_read_timeout: Duration,
+    /// The projected renderings (`?format=`) shared by the watchers of a run.
+    pub renderings: formats::Renderings,
 }
 
 impl AppState {
@@ -123,6 +125,7 @@ impl AppState {
             limits,
             metrics,
             body_read_timeout,
+            renderings: formats::Renderings::default(),
         }))
     }
 }

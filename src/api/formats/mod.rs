@@ -8,6 +8,9 @@
 //! - [`Cursor`]: the resume cursor `N` or `N.j` (`cursor.rs` has the grammar);
 //! - [`Projection`]: `frames(&AgentEvent) -> Vec<Frame>`, implemented by [`AiSdk`] and
 //!   [`AgUi`]; [`Renderer`] turns its frames into SSE bytes with ids and resumes at a cursor;
+//! - [`Renderings`] (`shared.rs`, held by the app state): one rendering per run and format
+//!   shared by its watchers in this process, so each event is folded and serialized once, not
+//!   once per watcher;
 //! - [`respond`] (a whole `GET`: 204, 410, 503 and the stream) and [`stream`] (the stream of a
 //!   run already admitted, for `POST /runs/stream`);
 //! - [`tool_call_id`] / [`split_tool_call_id`]: the namespaced tool call ids both formats use
@@ -25,6 +28,7 @@
 mod ag_ui;
 mod ai_sdk;
 mod cursor;
+mod shared;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
@@ -32,12 +36,14 @@ use std::fmt::Write as _;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use serde::Serialize;
 
 pub use ag_ui::{AgUi, AgUiEvent};
 pub use ai_sdk::AiSdk;
 pub use cursor::Cursor;
+pub use shared::Renderings;
+use shared::Watcher;
 
 use super::auth::Caller;
 use super::limits::WatcherPermit;
@@ -47,7 +53,7 @@ use crate::events::{AgentEvent, CallNames, EventPayload};
 use crate::tools::ToolRegistry;
 
 /// The dialect of the AI SDK UI message stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AiSdkDialect {
     /// The chunks both `ai` 6 and `ai` 7 accept (`?format=ai-sdk`, the safe default).
     V6,
@@ -57,7 +63,7 @@ pub enum AiSdkDialect {
 }
 
 /// How a run's events are rendered on an event stream, chosen by `?format=`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Format {
     /// behest's own events (`behest`, the default): `id:` = sequence, `event:`, `data:`.
     Behest,
@@ -306,10 +312,36 @@ impl<P: Projection> Renderer<P> {
         }
     }
 
+    /// Renders the log of `projection`'s run after event `through`, whose frames were sent
+    /// (no prelude): a watcher that folds the log again from its start.
+    fn continuing(projection: P, through: u64) -> Self {
+        Self {
+            projection,
+            after: Some(Cursor::after(through)),
+            prelude: Some(Vec::new()),
+            terminal: false,
+        }
+    }
+
     /// True once the run's terminal event was folded.
     #[must_use]
     pub fn terminal(&self) -> bool {
         self.terminal
+    }
+
+    /// True once the cursor is behind and the prelude sent: from here on this renders what a
+    /// renderer from the start renders.
+    fn live(&self) -> bool {
+        self.after.is_none() || self.prelude.as_ref().is_some_and(Vec::is_empty)
+    }
+
+    /// This renderer, [`Self::live`], as a renderer from the start.
+    fn into_live(self) -> Self {
+        Self {
+            after: None,
+            prelude: None,
+            ..self
+        }
     }
 
     /// The frames of the next event of the log: none up to the cursor, then the prelude (once)
@@ -357,8 +389,13 @@ impl<P: Projection> Renderer<P> {
     /// The bytes a clean end sends last (the AI SDK's `data: [DONE]`), if any.
     #[must_use]
     pub fn done(&self) -> Option<Bytes> {
-        P::DONE.map(|data| Bytes::from(format!("data: {data}\n\n")))
+        done_frame::<P>()
     }
+}
+
+/// The bytes a clean end of a `P` stream sends last, if any.
+fn done_frame<P: Projection>() -> Option<Bytes> {
+    P::DONE.map(|data| Bytes::from(format!("data: {data}\n\n")))
 }
 
 /// `id: <id>` (if any) and one `data:` line of the frame's JSON, LF endings, a blank line.
@@ -427,40 +464,41 @@ pub async fn stream(
     after: Option<Cursor>,
     permit: WatcherPermit,
 ) -> Result<Response, ApiError> {
-    let mut run = RunContext::new(record, state.runtime.tools());
-    if format == Format::AgUi
-        && let Some(session) = state.runtime.store().get_session(record.session_id).await?
-        && let Some(external_id) = session.external_id
-    {
-        // A thread the client named by its own id is echoed by that id.
-        run.thread_id = external_id;
-    }
+    let renderings = &state.renderings;
+    let run = || RunContext::new(record, state.runtime.tools());
     Ok(match format {
-        Format::AgUi => pump(
-            state,
-            record.id,
-            Renderer::new(AgUi::new(run), after),
-            permit,
-        ),
+        Format::AgUi => {
+            // The shared rendering already knows the thread's id: the session is read once.
+            let shared = match renderings.held(record.id, format) {
+                Some(shared) => shared,
+                None => {
+                    let mut run = run();
+                    if let Some(session) =
+                        state.runtime.store().get_session(record.session_id).await?
+                        && let Some(external_id) = session.external_id
+                    {
+                        // A thread the client named by its own id is echoed by that id.
+                        run.thread_id = external_id;
+                    }
+                    renderings.share(record.id, format, || AgUi::new(run))
+                }
+            };
+            pump(state, record.id, shared, after, permit)
+        }
         Format::AiSdk(dialect) => {
-            let mut response = pump(
-                state,
-                record.id,
-                Renderer::new(AiSdk::new(run, dialect), after),
-                permit,
-            );
+            let shared = renderings.share(record.id, format, || AiSdk::new(run(), dialect));
+            let mut response = pump(state, record.id, shared, after, permit);
             response.headers_mut().insert(
                 "x-vercel-ai-ui-message-stream",
                 HeaderValue::from_static("v1"),
             );
             response
         }
-        Format::Behest => pump(
-            state,
-            record.id,
-            Renderer::new(AiSdk::new(run, AiSdkDialect::V6), after),
-            permit,
-        ),
+        Format::Behest => {
+            let shared =
+                renderings.share(record.id, format, || AiSdk::new(run(), AiSdkDialect::V6));
+            pump(state, record.id, shared, after, permit)
+        }
     })
 }
 
@@ -475,21 +513,25 @@ enum Abort {
     Cut,
 }
 
-struct Pump<P: Projection, S> {
-    events: std::pin::Pin<Box<S>>,
-    renderer: Renderer<P>,
+struct Pump<P: Projection> {
+    events: futures::stream::BoxStream<
+        'static,
+        Result<std::sync::Arc<crate::events::EventFrame>, crate::store::StoreError>,
+    >,
+    watcher: Watcher<P>,
+    runtime: std::sync::Arc<crate::runtime::Runtime>,
+    /// The run's terminal event was read.
+    terminal: bool,
     out: VecDeque<Bytes>,
     done: bool,
-    shutdown: tokio_util::sync::CancellationToken,
+    /// The server's shutdown, waited on once for the whole stream (a fresh wait per event
+    /// would register with the token every time, under a lock all watchers share).
+    shutdown: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     run_id: RunId,
     _permit: WatcherPermit,
 }
 
-impl<P, S> Pump<P, S>
-where
-    P: Projection,
-    S: Stream<Item = Result<std::sync::Arc<crate::events::EventFrame>, crate::store::StoreError>>,
-{
+impl<P: Projection> Pump<P> {
     async fn next(&mut self) -> Option<Result<Bytes, Abort>> {
         loop {
             if let Some(bytes) = self.out.pop_front() {
@@ -500,7 +542,7 @@ where
             }
             let item = tokio::select! {
                 biased;
-                () = self.shutdown.cancelled() => None::<Option<_>>,
+                () = &mut self.shutdown => None::<Option<_>>,
                 item = self.events.next() => Some(item),
             };
             let Some(item) = item else {
@@ -508,21 +550,27 @@ where
                 return Some(Err(Abort::Shutdown));
             };
             let abort = match item {
-                Some(Ok(frame)) => match serde_json::from_str::<AgentEvent>(&frame.data) {
-                    Ok(event) => {
-                        let rendered = self.renderer.render(&event);
-                        self.out.extend(rendered.frames);
+                Some(Ok(frame)) => match self.watcher.render(&frame) {
+                    Ok(Some(rendered)) => {
+                        self.terminal |= frame.terminal;
+                        self.out.extend(rendered.frames.iter().cloned());
                         if rendered.end {
-                            self.out.extend(self.renderer.done());
+                            self.out.extend(done_frame::<P>());
                             self.done = true;
                         }
+                        continue;
+                    }
+                    Ok(None) => {
+                        // Fell behind the shared rendering: fold the log again from its start.
+                        tracing::debug!(run_id = %self.run_id, sequence = frame.sequence, "projected watcher folds its run again");
+                        self.events = self.runtime.watch(self.run_id, 0).boxed();
                         continue;
                     }
                     Err(error) => Abort::Store(error.to_string()),
                 },
                 Some(Err(error)) => Abort::Store(error.to_string()),
-                None if self.renderer.terminal() => {
-                    self.out.extend(self.renderer.done());
+                None if self.terminal => {
+                    self.out.extend(done_frame::<P>());
                     self.done = true;
                     continue;
                 }
@@ -540,18 +588,21 @@ where
 fn pump<P: Projection>(
     state: &AppState,
     run_id: RunId,
-    renderer: Renderer<P>,
+    shared: std::sync::Arc<std::sync::Mutex<shared::Shared<P>>>,
+    after: Option<Cursor>,
     permit: WatcherPermit,
 ) -> Response
 where
     P::Frame: Send,
 {
     let pump = Pump {
-        events: Box::pin(state.runtime.watch(run_id, 0)),
-        renderer,
+        events: state.runtime.watch(run_id, 0).boxed(),
+        watcher: Watcher::new(shared, after),
+        runtime: state.runtime.clone(),
+        terminal: false,
         out: VecDeque::new(),
         done: false,
-        shutdown: state.shutdown.clone(),
+        shutdown: Box::pin(state.shutdown.clone().cancelled_owned()),
         run_id,
         _permit: permit,
     };

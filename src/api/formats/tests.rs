@@ -1093,3 +1093,189 @@ fn an_ag_ui_tool_result_carries_the_id_of_the_stored_tool_message() {
         ]
     );
 }
+
+/// How the watchers of one shared rendering take turns.
+#[derive(Clone, Copy, Debug)]
+enum Turns {
+    /// One event each, in turn.
+    Lockstep,
+    /// Each to its end, the latest cursor first (they hand their folds to the shared one).
+    LatestFirst,
+    /// Each to its end, the earliest cursor first (the later ones join a shared one ahead).
+    EarliestFirst,
+}
+
+/// The log's events as the watch stream gives them.
+fn event_frames(log: &Log) -> Vec<crate::events::EventFrame> {
+    log.events
+        .iter()
+        .map(|event| crate::events::EventFrame {
+            sequence: event.sequence,
+            terminal: event.is_terminal(),
+            bytes: Bytes::new(),
+            data: serde_json::to_string(event).unwrap().into(),
+        })
+        .collect()
+}
+
+/// The `(id, data)` of the frames one response sent.
+type Sent = Vec<(Option<String>, String)>;
+
+/// What [`render`] gives after each of `afters`, rendered by watchers of one shared rendering
+/// taking `turns`; and how many times a watcher fell behind and folded the log again.
+fn render_shared<P: Projection>(
+    fresh: &P,
+    format: Format,
+    log: &Log,
+    afters: &[Option<Cursor>],
+    turns: Turns,
+) -> (Vec<Sent>, usize)
+where
+    P::Frame: Send,
+{
+    let frames = event_frames(log);
+    let renderings = Renderings::default();
+    let run_id = log.run.run_id;
+    let mut watchers: Vec<(Watcher<P>, usize, bool)> = afters
+        .iter()
+        .map(|after| {
+            let shared = renderings.share(run_id, format, || fresh.clone());
+            (Watcher::new(shared, *after), 0, false)
+        })
+        .collect();
+    assert_eq!(renderings.len(), 1);
+    let mut out = vec![Vec::new(); afters.len()];
+    let mut restarts = 0;
+    let mut step = |index: usize, watchers: &mut Vec<(Watcher<P>, usize, bool)>| {
+        let (watcher, next, ended) = &mut watchers[index];
+        if *ended {
+            return;
+        }
+        match watcher.render(&frames[*next]).unwrap() {
+            Some(rendered) => {
+                out[index].extend(rendered.frames.iter().map(parse));
+                *next += 1;
+                if rendered.end {
+                    out[index].extend(done_frame::<P>().iter().map(parse));
+                }
+                *ended = rendered.end || *next == frames.len();
+            }
+            None => {
+                restarts += 1;
+                *next = 0;
+            }
+        }
+    };
+    let mut order: Vec<usize> = (0..afters.len()).collect();
+    let position = |index: &usize| afters[*index].map(|cursor| (cursor.sequence, cursor.frame));
+    match turns {
+        Turns::Lockstep => {
+            while watchers.iter().any(|(_, _, ended)| !ended) {
+                for index in 0..watchers.len() {
+                    step(index, &mut watchers);
+                }
+            }
+        }
+        Turns::LatestFirst | Turns::EarliestFirst => {
+            order.sort_by_key(position);
+            if matches!(turns, Turns::LatestFirst) {
+                order.reverse();
+            }
+            for index in order {
+                while !watchers[index].2 {
+                    step(index, &mut watchers);
+                }
+            }
+        }
+    }
+    drop(watchers);
+    assert_eq!(renderings.len(), 0, "dropped with its last watcher");
+    (out, restarts)
+}
+
+/// Every frame id of every segment of the log's rendering, and the start.
+fn every_cursor<P: Projection>(make: impl Fn() -> P, log: &Log) -> Vec<Option<Cursor>> {
+    let mut afters = vec![None];
+    for segment in segments(&make, log) {
+        for (id, _) in segment {
+            if let Some(id) = id {
+                afters.push(Some(Cursor::parse(&id, true).unwrap()));
+            }
+        }
+    }
+    afters
+}
+
+#[test]
+fn watchers_of_one_shared_rendering_send_what_each_would_render_alone() {
+    for log in [
+        server_tool_run(),
+        paused_run(),
+        resumed_run(),
+        decided_run(),
+        resumed_tool_run(),
+    ] {
+        let ai_sdk = |dialect| AiSdk::new(log.run.clone(), dialect);
+        for turns in [Turns::Lockstep, Turns::LatestFirst, Turns::EarliestFirst] {
+            for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
+                let afters = every_cursor(|| ai_sdk(dialect), &log);
+                let (shared, restarts) = render_shared(
+                    &ai_sdk(dialect),
+                    Format::AiSdk(dialect),
+                    &log,
+                    &afters,
+                    turns,
+                );
+                assert_eq!(restarts, 0);
+                for (after, got) in afters.iter().zip(&shared) {
+                    assert_eq!(
+                        got,
+                        &render(ai_sdk(dialect), &log, *after),
+                        "{after:?} {turns:?}"
+                    );
+                }
+            }
+            let ag_ui = || AgUi::new(log.run.clone());
+            let afters = every_cursor(ag_ui, &log);
+            let (shared, _) = render_shared(&ag_ui(), Format::AgUi, &log, &afters, turns);
+            for (after, got) in afters.iter().zip(&shared) {
+                assert_eq!(got, &render(ag_ui(), &log, *after), "{after:?} {turns:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_watcher_behind_what_the_shared_rendering_keeps_folds_the_log_again() {
+    let mut log = Log::new();
+    log.model(1);
+    for _ in 0..shared::RECENT + 50 {
+        log.text("x");
+    }
+    log.end_call();
+    log.complete(1);
+    let fresh = AgUi::new(log.run.clone());
+    let frames = event_frames(&log);
+    let renderings = Renderings::default();
+    let mut slow = Watcher::new(
+        renderings.share(log.run.run_id, Format::AgUi, || fresh.clone()),
+        None,
+    );
+    let mut fast = Watcher::new(
+        renderings.share(log.run.run_id, Format::AgUi, || fresh.clone()),
+        None,
+    );
+    let mut slow_out: Vec<(Option<String>, String)> = Vec::new();
+    let first = slow.render(&frames[0]).unwrap().unwrap();
+    slow_out.extend(first.frames.iter().map(parse));
+    for frame in &frames {
+        fast.render(frame).unwrap().unwrap();
+    }
+    // The shared rendering no longer keeps event 2: the slow watcher starts again.
+    assert!(slow.render(&frames[1]).unwrap().is_none());
+    for frame in &frames {
+        let rendered = slow.render(frame).unwrap().unwrap();
+        slow_out.extend(rendered.frames.iter().map(parse));
+    }
+    assert_eq!(slow_out, render(fresh, &log, None));
+}

@@ -1,0 +1,198 @@
+//! One rendering of a run per format, shared by this process's watchers of it: the first
+//! watcher to reach an event folds it and renders its SSE frames once; every other watcher past
+//! its cursor sends the same bytes. A rendering is a pure function of the log, so the bytes are
+//! those each watcher would have rendered on its own (a replay stays byte-identical).
+//!
+//! A watcher renders on its own (a [`Renderer`] of its own) while it is before its cursor or
+//! its prelude is unsent (a resume), and while the shared rendering is elsewhere in the log; it
+//! joins the shared one at the first event the shared rendering can give it, and hands its
+//! fold over when the shared rendering is behind it. A joined watcher that falls further
+//! behind than the shared rendering keeps frames ([`RECENT`] events) folds the log again on its
+//! own ([`Watcher::render`] answers `None`: the caller re-reads the log from the start).
+//!
+//! A shared rendering lives as long as one of its watchers does ([`Renderings`] holds it
+//! weakly).
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use super::{Cursor, Format, Projection, Rendered, Renderer};
+use crate::domain::RunId;
+use crate::events::{AgentEvent, EventFrame};
+
+/// Events whose frames a shared rendering keeps for its watchers a little behind (as many as
+/// the live feed's channel keeps by default).
+pub(super) const RECENT: usize = 1024;
+
+/// This process's shared renderings, by run and format, each kept while it has a watcher.
+#[derive(Debug, Default)]
+pub struct Renderings(Mutex<HashMap<(RunId, Format), Weak<dyn Any + Send + Sync>>>);
+
+impl Renderings {
+    /// The shared rendering of run `run_id` in `format`, if a watcher holds one.
+    pub(super) fn held<P: Projection>(
+        &self,
+        run_id: RunId,
+        format: Format,
+    ) -> Option<Arc<Mutex<Shared<P>>>>
+    where
+        P::Frame: Send,
+    {
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        upgrade(map.get(&(run_id, format)))
+    }
+
+    /// The shared rendering of run `run_id` in `format`, made from `fresh()` (the projection
+    /// of no event yet) when no watcher holds one.
+    pub(super) fn share<P: Projection>(
+        &self,
+        run_id: RunId,
+        format: Format,
+        fresh: impl FnOnce() -> P,
+    ) -> Arc<Mutex<Shared<P>>>
+    where
+        P::Frame: Send,
+    {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = upgrade(map.get(&(run_id, format))) {
+            return held;
+        }
+        map.retain(|_, held| held.strong_count() > 0);
+        let shared = Arc::new(Mutex::new(Shared::new(fresh())));
+        let erased: Arc<dyn Any + Send + Sync> = shared.clone();
+        map.insert((run_id, format), Arc::downgrade(&erased));
+        shared
+    }
+
+    /// How many shared renderings are held (for tests).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.values().filter(|held| held.strong_count() > 0).count()
+    }
+}
+
+/// The shared rendering `held` points to, if a watcher still holds it.
+fn upgrade<P: Projection>(
+    held: Option<&Weak<dyn Any + Send + Sync>>,
+) -> Option<Arc<Mutex<Shared<P>>>>
+where
+    P::Frame: Send,
+{
+    held?.upgrade()?.downcast::<Mutex<Shared<P>>>().ok()
+}
+
+/// A fold of a run's log through event `last`, with the frames of its latest events.
+pub(super) struct Shared<P: Projection> {
+    /// The projection of no event yet (a watcher that fell behind starts again from it).
+    fresh: P,
+    /// The fold through `last`, rendering every frame (no cursor).
+    renderer: Renderer<P>,
+    /// The sequence of the last event folded (0: none).
+    last: u64,
+    /// The frames of events `last − len + 1 ..= last`, at most [`RECENT`].
+    recent: VecDeque<Arc<Rendered>>,
+}
+
+impl<P: Projection> Shared<P> {
+    fn new(fresh: P) -> Self {
+        Self {
+            renderer: Renderer::new(fresh.clone(), None),
+            fresh,
+            last: 0,
+            recent: VecDeque::new(),
+        }
+    }
+
+    /// The frames of event `sequence`, if kept.
+    fn get(&self, sequence: u64) -> Option<Arc<Rendered>> {
+        let first = self.last + 1 - self.recent.len() as u64;
+        let index = usize::try_from(sequence.checked_sub(first)?).ok()?;
+        self.recent.get(index).cloned()
+    }
+
+    /// Folds `event`, the one after `last`, and keeps its frames.
+    fn push(&mut self, event: &AgentEvent) -> Arc<Rendered> {
+        let rendered = Arc::new(self.renderer.render(event));
+        self.last = event.sequence;
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(rendered.clone());
+        rendered
+    }
+
+    /// Takes over `renderer`, a watcher's fold through `last` (ahead of this one).
+    fn adopt(&mut self, renderer: Renderer<P>, last: u64) {
+        self.renderer = renderer.into_live();
+        self.last = last;
+        self.recent.clear();
+    }
+}
+
+fn lock<P: Projection>(shared: &Mutex<Shared<P>>) -> MutexGuard<'_, Shared<P>> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One watcher's rendering: its own fold until it can join the shared one.
+pub(super) struct Watcher<P: Projection> {
+    shared: Arc<Mutex<Shared<P>>>,
+    /// The watcher's own fold; `None` once it takes its frames from `shared`.
+    own: Option<Renderer<P>>,
+}
+
+impl<P: Projection> Watcher<P> {
+    /// A watcher of the log after `after` (see [`Renderer::new`]) that joins `shared`.
+    pub(super) fn new(shared: Arc<Mutex<Shared<P>>>, after: Option<Cursor>) -> Self {
+        let fresh = lock(&shared).fresh.clone();
+        Self {
+            own: Some(Renderer::new(fresh, after)),
+            shared,
+        }
+    }
+
+    /// The frames of `frame`, the next event of the log in sequence order: what
+    /// [`Renderer::render`] gives. `None`: this watcher fell behind the frames the shared
+    /// rendering keeps; it was reset by [`Watcher::restart`] and must be given the log again
+    /// from its first event.
+    ///
+    /// # Errors
+    /// The event's JSON does not read as an [`AgentEvent`].
+    pub(super) fn render(
+        &mut self,
+        frame: &EventFrame,
+    ) -> Result<Option<Arc<Rendered>>, serde_json::Error> {
+        let sequence = frame.sequence;
+        if let Some(own) = self.own.take_if(|own| own.live()) {
+            let mut shared = lock(&self.shared);
+            if shared.last + 1 < sequence {
+                shared.adopt(own, sequence.saturating_sub(1));
+            } else if shared.last + 1 != sequence && shared.get(sequence).is_none() {
+                self.own = Some(own);
+            }
+        }
+        if let Some(own) = &mut self.own {
+            let event = serde_json::from_str::<AgentEvent>(&frame.data)?;
+            return Ok(Some(Arc::new(own.render(&event))));
+        }
+        let mut shared = lock(&self.shared);
+        if let Some(rendered) = shared.get(sequence) {
+            return Ok(Some(rendered));
+        }
+        if shared.last + 1 == sequence {
+            let event = serde_json::from_str::<AgentEvent>(&frame.data)?;
+            return Ok(Some(shared.push(&event)));
+        }
+        let fresh = shared.fresh.clone();
+        drop(shared);
+        self.restart(fresh, sequence.saturating_sub(1));
+        Ok(None)
+    }
+
+    /// Folds on its own again from the first event, silently through `through`, then renders
+    /// every frame after it (no prelude: those before were sent).
+    fn restart(&mut self, fresh: P, through: u64) {
+        self.own = Some(Renderer::continuing(fresh, through));
+    }
+}
