@@ -382,6 +382,10 @@ impl From<CreateRunError> for ApiError {
             CreateRunError::InputTooLarge { field, .. } => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail).field(field)
             }
+            CreateRunError::InstructionsTooLarge { .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail)
+                    .field("defaults.instructions")
+            }
             CreateRunError::Webhook(crate::runtime::WebhookProblem::Disabled) => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "webhooks_disabled",

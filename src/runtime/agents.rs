@@ -431,10 +431,74 @@ impl Runtime {
             defaults,
             external_id: request.external_id,
         };
+        self.check_default_instructions(&session).await?;
         self.store
             .create_session(&session)
             .await
             .map_err(CreateRunError::Store)
+    }
+
+    /// Refuses a session's default `instructions` that no run taking them could send: a run
+    /// of the session with a one-word input and no tools, resolved as `POST /runs` resolves it
+    /// (its model and `max_output_tokens` from the defaults or their agent), goes through the
+    /// run's own input check ([`super::compaction::check_input`]). Defaults that name no model
+    /// leave the check to each run.
+    ///
+    /// # Errors
+    /// [`CreateRunError::InstructionsTooLarge`].
+    async fn check_default_instructions(&self, session: &Session) -> Result<(), CreateRunError> {
+        let Some(instructions) = session
+            .defaults
+            .instructions
+            .clone()
+            .filter(|i| !i.is_empty())
+        else {
+            return Ok(());
+        };
+        let probe = CreateRunRequest {
+            input: Some("x".into()),
+            tools: Some(Vec::new()),
+            ..CreateRunRequest::default()
+        };
+        // A session whose defaults do not resolve to a model (or not yet to a valid run) is
+        // checked by each run instead.
+        let Ok(resolved) = self.resolve(&probe, Some(session)) else {
+            return Ok(());
+        };
+        let max_output = resolved
+            .definition
+            .parameters
+            .max_output_tokens
+            .unwrap_or(resolved.model.max_output_tokens);
+        let model = resolved.request.model.unwrap_or_default();
+        let input = crate::domain::Message {
+            id: MessageId::new(),
+            session_id: session.id,
+            run_id: RunId::new(),
+            role: crate::domain::Role::User,
+            content: vec![crate::domain::ContentPart::Text {
+                text: "x".to_owned(),
+            }],
+            reasoning: Vec::new(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            tool_name: None,
+            created_at: session.created_at,
+            status: crate::domain::MessageStatus::default(),
+        };
+        super::compaction::check_input(
+            input,
+            Some(instructions),
+            Vec::new(),
+            &model,
+            super::compaction::Window::of(resolved.model, max_output),
+        )
+        .await
+        .map_err(|too_large| CreateRunError::InstructionsTooLarge {
+            model,
+            estimated: too_large.estimated,
+            limit: too_large.limit,
+        })
     }
 }
 
