@@ -427,7 +427,45 @@ pub async fn stream(
     after: Option<Cursor>,
     permit: WatcherPermit,
 ) -> Result<Response, ApiError> {
+    stream_as(state, record, format, after, permit, None).await
+}
+
+/// [`stream`] of an AG-UI continuation: its `RUN_STARTED` and `RUN_FINISHED` name `run_id`,
+/// the `runId` of the `RunAgentInput` that resumed the run (in AG-UI each `runAgent` is a run
+/// of its own, whose two boundary events agree on its runId), not the runId that started it.
+///
+/// # Errors
+/// As [`stream`].
+pub async fn stream_ag_ui_continuation(
+    state: &AppState,
+    record: &RunRecord,
+    after: Cursor,
+    permit: WatcherPermit,
+    run_id: String,
+) -> Result<Response, ApiError> {
+    stream_as(
+        state,
+        record,
+        Format::AgUi,
+        Some(after),
+        permit,
+        Some(run_id),
+    )
+    .await
+}
+
+async fn stream_as(
+    state: &AppState,
+    record: &RunRecord,
+    format: Format,
+    after: Option<Cursor>,
+    permit: WatcherPermit,
+    ag_ui_run_id: Option<String>,
+) -> Result<Response, ApiError> {
     let mut run = RunContext::new(record, state.runtime.tools());
+    if let Some(run_id) = ag_ui_run_id {
+        run.ag_ui_run_id = run_id;
+    }
     if format == Format::AgUi
         && let Some(session) = state.runtime.store().get_session(record.session_id).await?
         && let Some(external_id) = session.external_id
