@@ -455,9 +455,10 @@ impl Runtime {
         else {
             return Ok(());
         };
+        // Resolved with the tools its runs would take (an agent's `approval` names some), then
+        // checked without them: a run may offer none.
         let probe = CreateRunRequest {
             input: Some("x".into()),
-            tools: Some(Vec::new()),
             ..CreateRunRequest::default()
         };
         // A session whose defaults do not resolve to a model (or not yet to a valid run) is
