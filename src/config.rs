@@ -419,6 +419,14 @@ pub struct ProviderConfig {
     /// its reasoning models).
     #[serde(default)]
     pub instructions_role: InstructionsRole,
+    /// `kind = "openai"`: how a run's `tool_choice` naming one tool is sent: `required`
+    /// (default: `"tool_choice": "required"` when that tool is the only one the request
+    /// offers, which means the same to OpenAI and is the only forcing form llama.cpp's
+    /// `llama-server` reads; the named object otherwise) or `named` (always the named object,
+    /// for `llama-cpp-python`'s server, which forces a call only for it and ignores
+    /// `"required"`).
+    #[serde(default)]
+    pub forced_tool_choice: ForcedToolChoice,
     /// `kind = "openai"`: `reasoning_effort` sent with every request (`low`, `medium`, `high`);
     /// absent: not sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -496,6 +504,18 @@ pub enum StructuredOutputMode {
     Native,
     /// The schema, in words, appended to the run's instructions; nothing else is sent.
     Prompt,
+}
+
+/// `forced_tool_choice`: the Chat Completions form of a `tool_choice` that names one tool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForcedToolChoice {
+    /// `"required"` when the named tool is the only one offered, else
+    /// `{"type": "function", "function": {"name": …}}`.
+    #[default]
+    Required,
+    /// Always `{"type": "function", "function": {"name": …}}`.
+    Named,
 }
 
 /// `instructions_role`: the Chat Completions role that carries the instructions.
@@ -1114,6 +1134,11 @@ fn provider_options_check(id: &str, provider: &ProviderConfig) -> Result<(), Con
             "instructions_role",
             ProviderKind::Openai,
         ),
+        (
+            provider.forced_tool_choice != ForcedToolChoice::Required,
+            "forced_tool_choice",
+            ProviderKind::Openai,
+        ),
     ];
     if let Some((_, key, kind)) = options
         .iter()
@@ -1205,7 +1230,7 @@ mod tests {
 
     #[test]
     fn provider_options_parse_and_are_checked() -> Result<(), ConfigError> {
-        let openai = "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\nmax_tokens_field = \"max_completion_tokens\"\nassistant_tool_call_content = \"omit\"\nreasoning_replay = \"tool_turns\"\nreasoning_effort = \"high\"\n[providers.x.models.m]\ncontext_window = 10000\nmax_output_tokens = 2000\n";
+        let openai = "[providers.x]\nkind = \"openai\"\nbase_url = \"http://h\"\nmax_tokens_field = \"max_completion_tokens\"\nassistant_tool_call_content = \"omit\"\nreasoning_replay = \"tool_turns\"\nforced_tool_choice = \"named\"\nreasoning_effort = \"high\"\n[providers.x.models.m]\ncontext_window = 10000\nmax_output_tokens = 2000\n";
         let provider = &Config::from_toml(openai)?.providers["x"];
         assert_eq!(
             provider.max_tokens_field,
@@ -1217,6 +1242,7 @@ mod tests {
         );
         assert_eq!(provider.reasoning_replay, ReasoningReplay::ToolTurns);
         assert_eq!(provider.reasoning_effort, Some(ReasoningEffort::High));
+        assert_eq!(provider.forced_tool_choice, ForcedToolChoice::Named);
         let anthropic = |budget: u32| {
             format!(
                 "[providers.c]\nkind = \"anthropic\"\nbase_url = \"http://h\"\nthinking_budget_tokens = {budget}\n[providers.c.models.m]\ncontext_window = 10000\nmax_output_tokens = 2000\n"
@@ -1246,6 +1272,13 @@ mod tests {
                     "reasoning_replay = \"all\"",
                 ),
                 "reasoning_replay",
+            ),
+            (
+                anthropic(1024).replace(
+                    "thinking_budget_tokens = 1024",
+                    "forced_tool_choice = \"named\"",
+                ),
+                "forced_tool_choice",
             ),
         ] {
             let error = Config::from_toml(&toml)

@@ -174,6 +174,7 @@ pub(super) fn answer_error(error: AnswerError, field: &str) -> ApiError {
             | AnswerError::DuplicateCall(_)
             | AnswerError::Missing(_)
             | AnswerError::Conflict(_)
+            | AnswerError::AnsweredBefore { .. }
     );
     let api = ApiError::from(error);
     if named { api.field(field) } else { api }
@@ -223,10 +224,10 @@ async fn answer(
     params(("run_id" = String, Path, format = Uuid, description = "Run id")),
     request_body(content = ToolOutputsRequest, description = "One answer (`output` or `error`) for every call the run waits for"),
     responses(
-        (status = 202, description = "Stored; the run resumes. The run as it is now (its status may still show `requires_action` for a moment, or for its `approval` calls)", body = RunRecord),
+        (status = 202, description = "Stored; the run resumes. The run as it is now (its status may still show `requires_action` for a moment, or for its `approval` calls). The same outputs posted again (a retry) answer the same, the run as it is now, also once it has moved on from that pause", body = RunRecord),
         (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`run_not_waiting` (`run_status` says why: the run is not, or no longer, in `requires_action` — it was answered, cancelled, ended, or its wait expired — or it waits only for approvals); `action_conflict` (an earlier request answered a call otherwise: `detail` names it; the same answers again are accepted again)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`run_not_waiting` (`run_status` says why: the run is not, or no longer, in `requires_action` — it was answered, cancelled, ended, or its wait expired — or it waits only for approvals); `action_conflict` (an earlier request answered a call otherwise: `detail` names it, and once the run has moved on, the pause already answered and its answer; the same answers again are accepted again)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`unknown_tool_call` (a `call_id` the run does not wait an output for), `duplicate_tool_call` (one `call_id` twice), `missing_tool_calls` (every `client_tool` call must be answered at once; the detail lists the missing), `invalid_field` (both or neither of `output` and `error`; a NUL character), `invalid_body`; `field` is `tool_outputs`", body = Problem, content_type = "application/problem+json"),
@@ -293,7 +294,7 @@ pub async fn submit_tool_outputs(
         (status = 202, description = "Stored; the run resumes. The run as it is now", body = RunRecord),
         (status = 400, description = "`malformed_json`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`run_not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`run_not_waiting` (not, or no longer, in `requires_action`, or waiting only for tool outputs; see `run_status`); `action_conflict` (an earlier request decided a call otherwise: `detail` names it; the same decisions again are accepted again)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`run_not_waiting` (not, or no longer, in `requires_action`, or waiting only for tool outputs; see `run_status`); `action_conflict` (an earlier request decided a call otherwise: `detail` names it, and once the run has moved on, the pause already answered and its decision; the same decisions again are accepted again, also once the run has moved on)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`unknown_tool_call`, `duplicate_tool_call`, `missing_tool_calls` (every `approval` call must be decided at once), `invalid_field` (a NUL character), `invalid_body`; `field` is `approvals`", body = Problem, content_type = "application/problem+json"),

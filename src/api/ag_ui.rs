@@ -2,7 +2,8 @@
 //! and answers AG-UI events. The thread is a session (named by the client's `threadId`, kept
 //! as its `external_id`); the client's `runId` is kept as the run's `client_request_id`
 //! (`ag-ui:<runId>`), so a retry of the same input attaches to the same run and the events
-//! carry the client's `runId`.
+//! carry the client's `runId`; a continuation (an input answering the run's pause) is
+//! answered with its own `runId`.
 //!
 //! AG-UI has no resume and no cancel: a client re-attaches with
 //! `GET /runs/{run_id}/events?format=ag-ui` and `Last-Event-ID`, and cancels with
@@ -219,8 +220,8 @@ fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswe
 /// fields, `context` is appended to its instructions. A run that calls a client tool ends the
 /// response with `RUN_FINISHED` (`outcome.pendingToolCallIds`); one waiting for approvals with
 /// an `interrupt` outcome. The next input answers it (`tool` messages, `resume[]`) and
-/// the response is the run's continuation; the same answers posted again stream that
-/// continuation again.
+/// the response is the run's continuation, its `RUN_STARTED`/`RUN_FINISHED` naming that
+/// input's `runId`; the same answers posted again stream that continuation again.
 ///
 /// Re-attach after a lost connection with `GET /runs/{run_id}/events?format=ag-ui` and
 /// `Last-Event-ID` (the `X-Run-Id` header names the run); cancel with
@@ -322,7 +323,9 @@ async fn agent_answer(
         let after = answer_pause(state, caller, &run, &given, "messages").await?;
         let permit = state.limits.open_watcher(caller)?;
         let run = runs::load_run(state, &run.id.to_string()).await?;
-        let mut response = formats::stream(state, &run, Format::AgUi, Some(after), permit).await?;
+        // The continuation answers this input: its runId, not the one that started the run.
+        let mut response =
+            formats::stream_ag_ui_continuation(state, &run, after, permit, input.run_id).await?;
         run_id_header(&mut response, &run.id.to_string());
         return Ok(response);
     }

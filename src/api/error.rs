@@ -382,6 +382,10 @@ impl From<CreateRunError> for ApiError {
             CreateRunError::InputTooLarge { field, .. } => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail).field(field)
             }
+            CreateRunError::InstructionsTooLarge { .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "input_too_large", detail)
+                    .field("defaults.instructions")
+            }
             CreateRunError::Webhook(crate::runtime::WebhookProblem::Disabled) => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "webhooks_disabled",
@@ -400,7 +404,8 @@ impl From<CreateRunError> for ApiError {
 impl From<AnswerError> for ApiError {
     /// 404 `run_not_found`; 409 `run_not_waiting` (with the run's status: not, or no longer,
     /// waiting for answers of this kind; the deadline passed), 409 `action_conflict` (a call an
-    /// earlier request answered otherwise); 422 `unknown_tool_call`, `duplicate_tool_call`, `missing_tool_calls`
+    /// earlier request answered otherwise, at the pause the run waits at or at one it has moved
+    /// on from); 422 `unknown_tool_call`, `duplicate_tool_call`, `missing_tool_calls`
     /// naming the body's list field.
     fn from(error: AnswerError) -> Self {
         let detail = error.to_string();
@@ -409,7 +414,9 @@ impl From<AnswerError> for ApiError {
             AnswerError::NotWaiting { status, .. } => {
                 Self::new(StatusCode::CONFLICT, "run_not_waiting", detail).with_status(status)
             }
-            AnswerError::Conflict(_) => Self::new(StatusCode::CONFLICT, "action_conflict", detail),
+            AnswerError::Conflict(_) | AnswerError::AnsweredBefore { .. } => {
+                Self::new(StatusCode::CONFLICT, "action_conflict", detail)
+            }
             AnswerError::UnknownCall(_) => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "unknown_tool_call",

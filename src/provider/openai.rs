@@ -17,8 +17,8 @@ use super::sse::{self, Out, Step, StreamParser};
 use super::text_of;
 use super::{ErrorClass, ModelEvent, ModelRequest, ModelStream, Provider, ProviderError};
 use crate::config::{
-    AssistantToolCallContent, InstructionsRole, MaxTokensField, ProviderConfig, ReasoningEffort,
-    ReasoningReplay,
+    AssistantToolCallContent, ForcedToolChoice, InstructionsRole, MaxTokensField, ProviderConfig,
+    ReasoningEffort, ReasoningReplay,
 };
 use crate::domain::{
     ContentPart, FinishReason, Message, Reasoning, Role, TokenUsage, ToolCall, ToolChoice,
@@ -42,6 +42,7 @@ struct Options {
     reasoning_replay: ReasoningReplay,
     reasoning_effort: Option<ReasoningEffort>,
     instructions_role: InstructionsRole,
+    forced_tool_choice: ForcedToolChoice,
 }
 
 /// OpenAI's own defaults (as for `https://api.openai.com/v1`).
@@ -53,6 +54,7 @@ impl Default for Options {
             reasoning_replay: ReasoningReplay::None,
             reasoning_effort: None,
             instructions_role: InstructionsRole::System,
+            forced_tool_choice: ForcedToolChoice::Required,
         }
     }
 }
@@ -69,6 +71,7 @@ impl Options {
             reasoning_replay: config.reasoning_replay,
             reasoning_effort: config.reasoning_effort,
             instructions_role: config.instructions_role,
+            forced_tool_choice: config.forced_tool_choice,
         }
     }
 }
@@ -105,7 +108,7 @@ impl OpenAi {
     /// Builds the adapter: an HTTP client with the configured connect timeout (ms), the base
     /// URL (trailing `/` trimmed), the API key, sent as `Authorization: Bearer` when set, and
     /// the request options (`max_tokens_field`, `assistant_tool_call_content`,
-    /// `reasoning_replay`, `reasoning_effort`).
+    /// `reasoning_replay`, `reasoning_effort`, `instructions_role`, `forced_tool_choice`).
     ///
     /// # Errors
     /// A [`ProviderError`] of class `invalid_request` when the HTTP client cannot be built.
@@ -466,7 +469,8 @@ pub const OWNED_KEYS: &[&str] = &[
 /// context's leading system messages are joined into it, blank-line separated); the output limit
 /// goes in the configured `max_tokens_field`; `temperature`, `top_p`, `stop`, `seed` when set,
 /// `parallel_tool_calls` when set and tools are offered (the API refuses it without tools);
-/// `reasoning_effort` when configured; then `provider_options`, except [`OWNED_KEYS`]; then
+/// a `tool_choice` naming the only tool offered as `"required"` unless `forced_tool_choice`
+/// is `named`; `reasoning_effort` when configured; then `provider_options`, except [`OWNED_KEYS`]; then
 /// the run's output schema as `response_format` (`json_schema`, see `provider::structured`).
 /// Assistant messages with neither text nor tool calls (nor reasoning to replay) are left
 /// out: the API rejects them.
@@ -559,6 +563,14 @@ fn request_body(request: &ModelRequest, options: &Options) -> Value {
             ToolChoice::Mode(ToolChoiceMode::Auto) => json!("auto"),
             ToolChoice::Mode(ToolChoiceMode::None) => json!("none"),
             ToolChoice::Mode(ToolChoiceMode::Required) => json!("required"),
+            // The only tool offered: "required" says the same, and is the one forcing form
+            // llama-server reads (it takes `tool_choice` as a string only, b11434).
+            ToolChoice::Tool { name }
+                if options.forced_tool_choice == ForcedToolChoice::Required
+                    && matches!(request.tools.as_slice(), [only] if only.name == *name) =>
+            {
+                json!("required")
+            }
             ToolChoice::Tool { name } => json!({"type": "function", "function": {"name": name}}),
         };
         body.insert("tool_choice".to_owned(), choice);

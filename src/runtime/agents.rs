@@ -431,10 +431,75 @@ impl Runtime {
             defaults,
             external_id: request.external_id,
         };
+        self.check_default_instructions(&session).await?;
         self.store
             .create_session(&session)
             .await
             .map_err(CreateRunError::Store)
+    }
+
+    /// Refuses a session's default `instructions` that no run taking them could send: a run
+    /// of the session with a one-word input and no tools, resolved as `POST /runs` resolves it
+    /// (its model and `max_output_tokens` from the defaults or their agent), goes through the
+    /// run's own input check ([`super::compaction::check_input`]). Defaults that name no model
+    /// leave the check to each run.
+    ///
+    /// # Errors
+    /// [`CreateRunError::InstructionsTooLarge`].
+    async fn check_default_instructions(&self, session: &Session) -> Result<(), CreateRunError> {
+        let Some(instructions) = session
+            .defaults
+            .instructions
+            .clone()
+            .filter(|i| !i.is_empty())
+        else {
+            return Ok(());
+        };
+        // Resolved with the tools its runs would take (an agent's `approval` names some), then
+        // checked without them: a run may offer none.
+        let probe = CreateRunRequest {
+            input: Some("x".into()),
+            ..CreateRunRequest::default()
+        };
+        // A session whose defaults do not resolve to a model (or not yet to a valid run) is
+        // checked by each run instead.
+        let Ok(resolved) = self.resolve(&probe, Some(session)) else {
+            return Ok(());
+        };
+        let max_output = resolved
+            .definition
+            .parameters
+            .max_output_tokens
+            .unwrap_or(resolved.model.max_output_tokens);
+        let model = resolved.request.model.unwrap_or_default();
+        let input = crate::domain::Message {
+            id: MessageId::new(),
+            session_id: session.id,
+            run_id: RunId::new(),
+            role: crate::domain::Role::User,
+            content: vec![crate::domain::ContentPart::Text {
+                text: "x".to_owned(),
+            }],
+            reasoning: Vec::new(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            tool_name: None,
+            created_at: session.created_at,
+            status: crate::domain::MessageStatus::default(),
+        };
+        super::compaction::check_input(
+            input,
+            Some(instructions),
+            Vec::new(),
+            &model,
+            super::compaction::Window::of(resolved.model, max_output),
+        )
+        .await
+        .map_err(|too_large| CreateRunError::InstructionsTooLarge {
+            model,
+            estimated: too_large.estimated,
+            limit: too_large.limit,
+        })
     }
 }
 
@@ -896,6 +961,31 @@ pub struct Answer {
     pub answer: ActionAnswer,
 }
 
+/// What an earlier pause recorded for a re-posted answer ([`Runtime::answer`]).
+enum Earlier {
+    /// The same answers: a retry.
+    Same,
+    /// A call answered otherwise ([`AnswerError::AnsweredBefore`]).
+    Otherwise(AnswerError),
+}
+
+/// A recorded answer in a few words for an error's detail: `output <JSON>` or
+/// `error "<text>"` (each cut to 200 characters), `approve: true|false`.
+fn in_short(answer: &ActionAnswer) -> String {
+    let cut = |text: String| {
+        if text.chars().count() > 200 {
+            format!("{}…", text.chars().take(200).collect::<String>())
+        } else {
+            text
+        }
+    };
+    match answer {
+        ActionAnswer::Output(value) => format!("output {}", cut(value.to_string())),
+        ActionAnswer::Error(error) => format!("error {:?}", cut(error.clone())),
+        ActionAnswer::Approval { approve, .. } => format!("approve: {approve}"),
+    }
+}
+
 /// Why answers were refused.
 #[derive(Debug, thiserror::Error)]
 pub enum AnswerError {
@@ -924,6 +1014,21 @@ pub enum AnswerError {
     /// re-post is accepted again: it changes nothing).
     #[error("call `{0}` was answered already, with another answer; the first answer stands")]
     Conflict(String),
+    /// The run paused for this call before, was answered, and moved on; this request answers
+    /// it otherwise (the same answers again are accepted again: a retry).
+    #[error(
+        "the run's pause at event {sequence} (tool_calls_required) was already answered and the \
+         run has moved on: call `{call_id}` was answered with {answer}; the first answer stands"
+    )]
+    AnsweredBefore {
+        /// The call answered otherwise.
+        call_id: String,
+        /// The sequence of that pause's `tool_calls_required` event.
+        sequence: u64,
+        /// What the earlier request answered, in short (`output …`, `error "…"`,
+        /// `approve: true`, or `no answer` for a call it did not answer).
+        answer: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -934,14 +1039,101 @@ impl Runtime {
     /// `client_tool` calls, or approvals for its `approval` calls (`kind`), every one of that
     /// kind at once — and wakes the run. Returns the run record as it is now.
     ///
-    /// The same answers posted again while the run still waits (a retry) change nothing and
-    /// are accepted again.
+    /// The same answers posted again (a retry after a lost response) change nothing and are
+    /// accepted again, whether the run still waits or has moved on from that pause: the run
+    /// record as it is now.
     ///
     /// # Errors
     /// [`AnswerError`]: the run is missing, not waiting (any more) or not for answers of this
     /// kind; a call id is unknown, repeated, or one is missing; a call already answered with
-    /// another answer ([`AnswerError::Conflict`]).
+    /// another answer ([`AnswerError::Conflict`] while the run waits,
+    /// [`AnswerError::AnsweredBefore`] once it has moved on).
     pub async fn answer(
+        &self,
+        run_id: RunId,
+        kind: PendingKind,
+        answers: Vec<Answer>,
+    ) -> Result<RunRecord, AnswerError> {
+        let posted = answers.clone();
+        match self.answer_waiting(run_id, kind, answers).await {
+            Err(error @ (AnswerError::NotWaiting { .. } | AnswerError::UnknownCall(_))) => {
+                match self.answered_before(run_id, kind, &posted).await? {
+                    Some(Earlier::Same) => Ok(self
+                        .store
+                        .get_run(run_id)
+                        .await?
+                        .ok_or(AnswerError::RunNotFound(run_id))?),
+                    Some(Earlier::Otherwise(conflict)) => Err(conflict),
+                    None => Err(error),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Whether `posted` answers an earlier pause of the run, one it is no longer waiting at:
+    /// the latest pause with answers of `kind` recorded for any posted call id. The same
+    /// answers, call for call → [`Earlier::Same`]; else the first call answered otherwise.
+    async fn answered_before(
+        &self,
+        run_id: RunId,
+        kind: PendingKind,
+        posted: &[Answer],
+    ) -> Result<Option<Earlier>, StoreError> {
+        let of_kind = |answer: &ActionAnswer| {
+            matches!(answer, ActionAnswer::Approval { .. }) == (kind == PendingKind::Approval)
+        };
+        let waiting_at = self
+            .store
+            .get_run(run_id)
+            .await?
+            .filter(|run| run.status == RunStatus::RequiresAction)
+            .and_then(|run| run.required_action)
+            .map(|action| action.message_id);
+        for pause in self.pauses(run_id).await?.iter().rev() {
+            if Some(pause.message_id) == waiting_at {
+                continue;
+            }
+            let recorded: Vec<(String, ActionAnswer)> = self
+                .store
+                .action_answers(run_id, pause.message_id)
+                .await?
+                .into_iter()
+                .filter(|(_, answer)| of_kind(answer))
+                .collect();
+            let before = |call_id: &str| {
+                recorded
+                    .iter()
+                    .find(|(id, _)| id == call_id)
+                    .map(|(_, answer)| answer)
+            };
+            if !posted.iter().any(|a| before(&a.call_id).is_some()) {
+                continue;
+            }
+            let otherwise = posted
+                .iter()
+                .find(|a| before(&a.call_id) != Some(&a.answer))
+                .map(|a| a.call_id.clone())
+                .or_else(|| {
+                    recorded
+                        .iter()
+                        .find(|(id, _)| !posted.iter().any(|a| a.call_id == *id))
+                        .map(|(id, _)| id.clone())
+                });
+            return Ok(Some(match otherwise {
+                None => Earlier::Same,
+                Some(call_id) => Earlier::Otherwise(AnswerError::AnsweredBefore {
+                    answer: before(&call_id).map_or_else(|| "no answer".to_owned(), in_short),
+                    call_id,
+                    sequence: pause.sequence,
+                }),
+            }));
+        }
+        Ok(None)
+    }
+
+    /// [`Runtime::answer`] for the pause the run waits at.
+    async fn answer_waiting(
         &self,
         run_id: RunId,
         kind: PendingKind,

@@ -17,9 +17,10 @@ use crate::telemetry;
 /// Why an event could not be logged.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
-    /// The store rejected the batch holding the event.
+    /// The store rejected the batch holding the event: its error, of its own kind (a
+    /// database error stays one), shared by every emitter of the batch.
     #[error("event log write failed: {0}")]
-    Store(String),
+    Store(#[source] Arc<StoreError>),
     /// The run's log is closed: its terminal event was written.
     #[error("the run's event log is closed")]
     Closed,
@@ -165,7 +166,9 @@ async fn write_loop(
             writes.extend(pending.writes);
         }
         let started = std::time::Instant::now();
-        let result = append_with_retry(store.as_ref(), &owner, &writes).await;
+        let result = append_with_retry(store.as_ref(), &owner, &writes)
+            .await
+            .map_err(Arc::new);
         if result.is_ok() {
             telemetry::metrics::event_batch(writes.len(), started.elapsed());
             if writes.iter().any(|write| write.change.webhook.is_some()) {
@@ -195,7 +198,7 @@ async fn write_loop(
                     }
                     ack
                 }
-                Err(error) => Err(LogError::Store(error.to_string())),
+                Err(error) => Err(LogError::Store(error.clone())),
             };
             // An emitter that stopped waiting (cancelled run) does not need the ack.
             let _ = done.send(ack);

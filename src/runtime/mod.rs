@@ -138,6 +138,24 @@ pub enum CreateRunError {
         /// `instructions` and `tools`.
         field: &'static str,
     },
+    /// A session's default `instructions` (`POST /sessions`), in a request with a one-word
+    /// input and no tools, do not fit the context window of the model its defaults name less
+    /// the answer's `max_output_tokens` (the bound of [`CreateRunError::InputTooLarge`]): no
+    /// run taking them could be sent.
+    #[error(
+        "the session's default instructions (about {estimated} tokens in a request with a \
+         one-word input and no tools) do not fit the context window of model `{model}`: a \
+         request may hold at most {limit} tokens (its context_window less the answer's \
+         max_output_tokens); shorten `defaults.instructions`"
+    )]
+    InstructionsTooLarge {
+        /// The model the session's defaults name.
+        model: String,
+        /// The request's estimated tokens.
+        estimated: u64,
+        /// The most tokens a request of the model may hold.
+        limit: u64,
+    },
     /// The run's webhook is refused (webhooks off, or a URL not allowed).
     #[error(transparent)]
     Webhook(WebhookProblem),

@@ -17,6 +17,19 @@ use crate::config::Recovery;
 use crate::domain::{ErrorClass, RunEnd, RunId, RunRecord, RunStatus};
 use crate::store::{ClaimedRun, Lease, StoreError, unix_ms};
 
+/// Why a claimed run could not be taken over (logged; the run is claimed again once its new
+/// lease expires).
+#[derive(Debug, thiserror::Error)]
+enum AdoptError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The event log's flush failed: the writer stopped, or the batch holding it failed (with
+    /// the store's error).
+    #[error(transparent)]
+    Log(#[from] super::LogError),
+}
+
 /// Runs one recovery scan takes over at most.
 const CLAIM_BATCH: u32 = 1000;
 
@@ -98,7 +111,11 @@ impl Runtime {
     }
 
     /// Resumes, fails or cancels a run just claimed, from its log read once.
-    async fn adopt(self: &Arc<Self>, run: ClaimedRun) -> Result<(), StoreError> {
+    ///
+    /// # Errors
+    /// [`AdoptError`]: the store's error, or the event log's when the flush of a stopped
+    /// task's events failed (its store error kept: a database error is not a corrupt log).
+    async fn adopt(self: &Arc<Self>, run: ClaimedRun) -> Result<(), AdoptError> {
         let record = run.record;
         let stale = self.active().get(&record.id).map(|run| {
             run.abandon.cancel();
@@ -114,22 +131,19 @@ impl Runtime {
                 .await
                 .is_err()
             {
-                return Err(StoreError::Timeout("stopping the run's old task"));
+                return Err(StoreError::Timeout("stopping the run's old task").into());
             }
         }
         // Events a stopped task of this run enqueued are committed (or refused) before its
         // log is read, so the resumed run's sequences follow them.
-        self.log
-            .flush()
-            .await
-            .map_err(|error| StoreError::Corrupt(format!("the event log writer: {error}")))?;
+        self.log.flush().await?;
         let trail = RunTrail::load(self.store.as_ref(), record.id).await?;
         if trail.end().is_some() {
             tracing::error!(run_id = %record.id, "the run's log has its terminal event, its record does not; left as it is");
             return Ok(());
         }
         if run.cancel_requested {
-            return self.end_orphan(&record, trail, RunEnd::Cancelled).await;
+            return Ok(self.end_orphan(&record, trail, RunEnd::Cancelled).await?);
         }
         if run.takeovers > self.config.max_takeovers {
             tracing::error!(run_id = %record.id, takeovers = run.takeovers, "the run's process died every time it executed it: failed, not resumed again");
@@ -144,7 +158,7 @@ impl Runtime {
                     self.config.max_takeovers
                 ),
             );
-            return self.end_orphan(&record, trail, end).await;
+            return Ok(self.end_orphan(&record, trail, end).await?);
         }
         if let Some(error) = trail.broken() {
             tracing::error!(run_id = %record.id, %error, "the run's log does not fold: the run is failed, not resumed");
@@ -155,7 +169,7 @@ impl Runtime {
                      resumed ({error})"
                 ),
             );
-            return self.end_orphan(&record, trail, end).await;
+            return Ok(self.end_orphan(&record, trail, end).await?);
         }
         let model = self
             .providers
@@ -182,12 +196,13 @@ impl Runtime {
             ),
             (Recovery::Fail, _) => "the server stopped while the run was active".to_owned(),
         };
-        self.end_orphan(
-            &record,
-            trail,
-            RunEnd::failed(ErrorClass::Interrupted, error),
-        )
-        .await
+        Ok(self
+            .end_orphan(
+                &record,
+                trail,
+                RunEnd::failed(ErrorClass::Interrupted, error),
+            )
+            .await?)
     }
 
     /// Ends a run no task of this process executes (a claimed or orphaned one) as `end`,
@@ -524,5 +539,44 @@ mod tests {
         runtime.cancel_run(cancelled).await.unwrap().unwrap();
         assert_eq!(ended(&store, cancelled).await.status, RunStatus::Cancelled);
         assert_eq!(log_reads::of(cancelled), 1, "the cancelled run's log");
+    }
+
+    /// A takeover whose flush of queued events fails (the batch it rode in could not be
+    /// written) ends with the database's own error, not a "corrupt record".
+    #[tokio::test]
+    async fn a_failed_flush_at_takeover_keeps_the_database_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, runtime) = server(&dir, "resume").await;
+        let run_id = left_mid_stream(&store).await;
+        let claimed = store
+            .claim_run(run_id, &runtime.lease(), runtime.store_now_ms())
+            .await
+            .unwrap()
+            .expect("claimed");
+        // The events table is gone: the next batch fails with the database's error.
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query("ALTER TABLE events RENAME TO events_gone")
+            .execute(&pool)
+            .await
+            .unwrap();
+        // An event queued before the takeover's flush rides in its batch: the writer task
+        // runs only once this test's task waits (one thread).
+        let emitter = runtime
+            .log
+            .emitter(run_id, RunTrail::new(), TraceContext::for_run(run_id));
+        let queued = emitter.emit(EventPayload::TextDelta(TextDelta {
+            delta: "lo".to_owned(),
+        }));
+        assert!(futures::FutureExt::now_or_never(queued).is_none());
+        let error = runtime.adopt(claimed).await.unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                AdoptError::Log(crate::runtime::LogError::Store(store_error))
+                    if matches!(**store_error, StoreError::Database(_))
+            ),
+            "{error:?}"
+        );
     }
 }

@@ -745,8 +745,55 @@ async fn client_tool_round_trip(backend: Backend) {
             "It is sunny in Paris."
         );
 
-        // Late: the run is over.
-        assert_late(&server, &run_id, "completed").await;
+        // Late: the run is over. The same outputs again (a retry after a lost response) are
+        // accepted again: the run as it is now; other outputs are refused, naming the pause
+        // already answered and the answer that stands.
+        let (status, again) = post(
+            &server,
+            &path,
+            &json!({"tool_outputs": [
+                {"call_id": "call_loc", "output": {"city": "Paris"}},
+                {"call_id": "call_wx", "error": "weather service down"}
+            ]}),
+        )
+        .await;
+        assert_eq!(status, 202, "{again}");
+        assert_eq!(
+            (again["id"].as_str(), again["status"].as_str()),
+            (Some(run_id.as_str()), Some("completed")),
+            "{again}"
+        );
+        let (status, problem) = post(
+            &server,
+            &path,
+            &json!({"tool_outputs": [{"call_id": "call_loc", "output": {"city": "Paris"}},
+                                     {"call_id": "call_wx", "output": "sunny"}]}),
+        )
+        .await;
+        assert_eq!(
+            (status, problem["code"].as_str(), problem["field"].as_str()),
+            (409, Some("action_conflict"), Some("tool_outputs")),
+            "{problem}"
+        );
+        let detail = problem["detail"].as_str().unwrap();
+        let sequence = &frames
+            .iter()
+            .find(|f| f.event == "tool_calls_required")
+            .unwrap()
+            .id;
+        assert!(
+            detail.contains(&format!("pause at event {sequence} "))
+                && detail.contains("already answered")
+                && detail.contains("`call_wx`")
+                && detail.contains("error \"weather service down\""),
+            "{detail}"
+        );
+        assert_eq!(
+            server.get_json(&format!("/runs/{run_id}")).await,
+            run,
+            "nothing changed"
+        );
+        assert_eq!(requests_to(&fake, wire).len(), 2, "nothing was sent");
         server.stop().await;
     }
 }
@@ -1241,6 +1288,18 @@ async fn approvals_granted_and_rejected(backend: Backend) {
             finished["result"],
             json!({"Failure": {"error": "rejected by the user: not now"}})
         );
+        // A retry of the decision is accepted again; another decision is refused.
+        let (status, again) = post(
+            &server,
+            &format!("/runs/{run_id}/approvals"),
+            &json!({"approvals": [{"call_id": "call_e2", "approve": false, "reason": "not now"}]}),
+        )
+        .await;
+        assert_eq!(
+            (status, again["status"].as_str()),
+            (202, Some("completed")),
+            "{again}"
+        );
         let (status, problem) = post(
             &server,
             &format!("/runs/{run_id}/approvals"),
@@ -1249,7 +1308,15 @@ async fn approvals_granted_and_rejected(backend: Backend) {
         .await;
         assert_eq!(
             (status, problem["code"].as_str()),
-            (409, Some("run_not_waiting"))
+            (409, Some("action_conflict")),
+            "{problem}"
+        );
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("`call_e2` was answered with approve: false"),
+            "{problem}"
         );
         let requests = requests_to(&fake, wire);
         let results = wire.tool_results(&requests.last().unwrap().body);

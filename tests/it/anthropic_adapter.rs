@@ -47,6 +47,7 @@ fn config(base_url: &str, timeouts: TimeoutConfig) -> ProviderConfig {
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
         instructions_role: Default::default(),
+        forced_tool_choice: Default::default(),
         thinking_budget_tokens: None,
         structured_output: Default::default(),
         token_delay_ms: None,

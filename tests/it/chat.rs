@@ -643,9 +643,15 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
     assert_eq!(continued.status, 200, "{}", continued.problem);
     let events = continued.chunks();
     assert_eq!(events[0]["type"], "RUN_STARTED", "{events:?}");
+    // The continuation is the answering input's run: its runId, on both boundary events.
+    assert_eq!(events[0]["runId"], answer["runId"], "{events:?}");
+    let finished = continued.of_type("RUN_FINISHED");
+    assert_eq!(finished[0]["outcome"]["type"], "success");
+    assert_eq!(finished[0]["runId"], answer["runId"], "{finished:?}");
     assert_eq!(
-        continued.of_type("RUN_FINISHED")[0]["outcome"]["type"],
-        "success"
+        continued.header("x-run-id"),
+        Some(behest_run.as_str()),
+        "the same behest run"
     );
     let record = server.get_json(&format!("/runs/{behest_run}")).await;
     assert_eq!(record["status"], "completed");

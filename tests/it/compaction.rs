@@ -1621,6 +1621,75 @@ async fn a_request_that_cannot_fit_is_refused_at_create(backend: Backend) {
     server.stop().await;
 }
 
+/// A session whose default `instructions` no run could send with its default model — over
+/// the window less the answer with a one-word input — is refused at `POST /sessions` with the
+/// run's `422 input_too_large`, naming `defaults.instructions`; nothing is stored. Defaults
+/// without a model leave the check to each run.
+async fn session_defaults_that_cannot_fit_are_refused_at_create(backend: Backend) {
+    let Some((server, fake, _model, _tools)) = start(backend, Wire::OpenAi, COMPACTION, 60).await
+    else {
+        return;
+    };
+    let post = |body: Value| {
+        let request = server.client.post(server.url("/sessions")).json(&body);
+        async move { request.send().await.unwrap() }
+    };
+    let long = "word ".repeat(7_000);
+    let refused = post(
+        json!({"defaults": {"provider": "fake", "model": "fake-model",
+                                           "instructions": long}}),
+    )
+    .await;
+    assert_eq!(refused.status(), 422);
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["code"], "input_too_large", "{problem}");
+    assert_eq!(problem["field"], "defaults.instructions", "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("fake-model"), "{problem}");
+    assert_eq!(
+        server.get_json("/sessions").await["sessions"],
+        json!([]),
+        "nothing was stored"
+    );
+    // Short enough: created, and its run runs.
+    let fits = post(
+        json!({"defaults": {"provider": "fake", "model": "fake-model",
+                                        "instructions": "word ".repeat(50)}}),
+    )
+    .await;
+    assert_eq!(fits.status(), 201);
+    let session: Value = fits.json().await.unwrap();
+    let (_, record) = run_body(
+        &server,
+        json!({"session_id": session["id"], "input": "Hello."}),
+    )
+    .await;
+    assert_ne!(record["status"], "failed", "{record}");
+    let sent = model_requests(&fake).len();
+    // No model in the defaults: accepted; a run taking them is refused as before.
+    let unbound = post(json!({"defaults": {"instructions": long}})).await;
+    assert_eq!(unbound.status(), 201);
+    let session: Value = unbound.json().await.unwrap();
+    let refused = server
+        .client
+        .post(server.url("/runs"))
+        .json(&json!({"session_id": session["id"], "input": "Hello.",
+                      "provider": "fake", "model": "fake-model"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 422);
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["code"], "input_too_large", "{problem}");
+    assert_eq!(problem["field"], "instructions", "{problem}");
+    assert_eq!(
+        model_requests(&fake).len(),
+        sent,
+        "the refused run sent nothing"
+    );
+    server.stop().await;
+}
+
 /// A request still over the window after compaction (what compaction keeps verbatim — the
 /// latest input with its instructions, the summary, the run's own turn — is too long) is not
 /// sent: the run fails with `context_length_exceeded`, the model never sees a request over its
@@ -1661,6 +1730,7 @@ async fn a_compacted_request_still_too_long_is_not_sent(backend: Backend) {
 
 on_both_backends!(
     a_request_that_cannot_fit_is_refused_at_create,
+    session_defaults_that_cannot_fit_are_refused_at_create,
     a_compacted_request_still_too_long_is_not_sent,
     calibration_follows_a_server_that_counts_differently,
     compaction_is_visible_while_the_summariser_works,

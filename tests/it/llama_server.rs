@@ -5,6 +5,8 @@
 //! result is an error, answered as a plain JSON response), a streamed tool call (`tool_calls`
 //! deltas, usage and `timings` in a last chunk without choices), a text answer, and a stream
 //! cut after some text without a finish reason or `[DONE]` (the server killed mid-stream). The fake
+//! calls the tool only when asked with `"tool_choice": "required"`, the one forcing form the
+//! server reads (behest sends it for a run forcing its only tool). The fake
 //! counts each request (`fake_openai::prompt_tokens`) and reports that count in the usage
 //! chunk, as the server reports its own. Both store backends.
 
@@ -98,7 +100,10 @@ impl LlamaServer {
         }
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
         let last_is_result = messages.last().is_some_and(|m| m["role"] == "tool");
-        let forced = body["tool_choice"]["type"] == "function";
+        // It reads `tool_choice` as a string only (`json_value(body, "tool_choice",
+        // std::string("auto"))`, b11434): a named function's object becomes "auto", so only
+        // "required" forces a call.
+        let forced = body["tool_choice"] == "required";
         let name = if forced && !last_is_result && !summariser {
             "tool_call.sse"
         } else {

@@ -38,14 +38,16 @@ fn fixture(name: &str) -> Vec<u8> {
 
 /// A config with the `fake` provider at `base_url` (its model `smollm2` with a `window`-token
 /// window, maybe larger than the server's), the `lookup` tool, and `extra` TOML (provider
-/// options, `[compaction]`) — default provider options unless `extra` sets some.
+/// options, `[compaction]`) — default provider options unless `extra` sets some, except
+/// `forced_tool_choice = "named"`, which this server needs to force a tool.
 fn config(base_url: &str, tools: &LookupServer, window: u64, provider_extra: &str) -> Config {
     let toml = format!(
         "[http_tools.lookup]\ndescription = \"Looks a record up by its key.\"\n\
          url = \"{}\"\n\
          parameters = {{ type = \"object\", properties = {{ key = {{ type = \"string\" }} }}, \
          required = [\"key\"] }}\n\
-         [providers.fake]\nkind = \"openai\"\nbase_url = \"{base_url}\"\n{provider_extra}\n\
+         [providers.fake]\nkind = \"openai\"\nbase_url = \"{base_url}\"\n\
+         forced_tool_choice = \"named\"\n{provider_extra}\n\
          [providers.fake.timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 5000\nidle_ms = 5000\ntotal_ms = 20000\n\
          [providers.fake.retry]\nmax_attempts = 3\ninitial_backoff_ms = 20\nmax_backoff_ms = 50\n\
          [providers.fake.models.smollm2]\ncontext_window = {window}\nmax_output_tokens = {MAX_OUTPUT}\n",
@@ -133,6 +135,8 @@ impl LlamaCppPython {
             return Reply::raw(200, "application/json", &fixture("text.json"));
         }
         let last_is_result = messages.last().is_some_and(|m| m["role"] == "tool");
+        // Its default chat handler forces a call (a grammar) only for a named function's
+        // object; a "required" string is accepted and ignored.
         let forced = body["tool_choice"]["type"] == "function";
         let name = if forced && !last_is_result {
             "tool_call.sse"

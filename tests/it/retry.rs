@@ -47,6 +47,7 @@ fn config(kind: ProviderKind, base_url: &str, retry: RetryConfig) -> ProviderCon
         reasoning_replay: ReasoningReplay::None,
         reasoning_effort: None,
         instructions_role: Default::default(),
+        forced_tool_choice: Default::default(),
         thinking_budget_tokens: None,
         structured_output: Default::default(),
         token_delay_ms: None,

@@ -464,14 +464,49 @@ pub async fn stream(
     after: Option<Cursor>,
     permit: WatcherPermit,
 ) -> Result<Response, ApiError> {
+    stream_as(state, record, format, after, permit, None).await
+}
+
+/// [`stream`] of an AG-UI continuation: its `RUN_STARTED` and `RUN_FINISHED` name `run_id`,
+/// the `runId` of the `RunAgentInput` that resumed the run (in AG-UI each `runAgent` is a run
+/// of its own, whose two boundary events agree on its runId), not the runId that started it.
+///
+/// # Errors
+/// As [`stream`].
+pub async fn stream_ag_ui_continuation(
+    state: &AppState,
+    record: &RunRecord,
+    after: Cursor,
+    permit: WatcherPermit,
+    run_id: String,
+) -> Result<Response, ApiError> {
+    stream_as(
+        state,
+        record,
+        Format::AgUi,
+        Some(after),
+        permit,
+        Some(run_id),
+    )
+    .await
+}
+
+async fn stream_as(
+    state: &AppState,
+    record: &RunRecord,
+    format: Format,
+    after: Option<Cursor>,
+    permit: WatcherPermit,
+    ag_ui_run_id: Option<String>,
+) -> Result<Response, ApiError> {
     let renderings = &state.renderings;
     let run = || RunContext::new(record, state.runtime.tools());
     Ok(match format {
         Format::AgUi => {
             // The shared rendering already knows the thread's id: the session is read once.
-            let shared = match renderings.held(record.id, format) {
-                Some(shared) => shared,
-                None => {
+            let shared = match (renderings.held(record.id, format), ag_ui_run_id) {
+                (Some(shared), None) => shared,
+                (_, ag_ui_run_id) => {
                     let mut run = run();
                     if let Some(session) =
                         state.runtime.store().get_session(record.session_id).await?
@@ -480,7 +515,14 @@ pub async fn stream(
                         // A thread the client named by its own id is echoed by that id.
                         run.thread_id = external_id;
                     }
-                    renderings.share(record.id, format, || AgUi::new(run))
+                    match ag_ui_run_id {
+                        // A continuation's frames name its own runId: a rendering of its own.
+                        Some(ag_ui_run_id) => {
+                            run.ag_ui_run_id = ag_ui_run_id;
+                            Renderings::unshared(AgUi::new(run))
+                        }
+                        None => renderings.share(record.id, format, || AgUi::new(run)),
+                    }
                 }
             };
             pump(state, record.id, shared, after, permit)

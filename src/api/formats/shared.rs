@@ -59,10 +59,16 @@ impl Renderings {
             return held;
         }
         map.retain(|_, held| held.strong_count() > 0);
-        let shared = Arc::new(Mutex::new(Shared::new(fresh())));
+        let shared = Self::unshared(fresh());
         let erased: Arc<dyn Any + Send + Sync> = shared.clone();
         map.insert((run_id, format), Arc::downgrade(&erased));
         shared
+    }
+
+    /// A rendering from `fresh` that no other watcher shares (its frames differ from the
+    /// run's shared rendering, e.g. an AG-UI continuation's runId).
+    pub(super) fn unshared<P: Projection>(fresh: P) -> Arc<Mutex<Shared<P>>> {
+        Arc::new(Mutex::new(Shared::new(fresh)))
     }
 
     /// How many shared renderings are held (for tests).

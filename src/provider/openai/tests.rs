@@ -780,9 +780,34 @@ fn request_with_tool_calls_and_results_maps_the_history() {
                 "description": "Current weather",
                 "parameters": {"type": "object", "properties": {"location": {"type": "string"}}},
             }}],
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "tool_choice": "required",
         })
     );
+}
+
+/// A `tool_choice` naming the only tool offered goes as `"required"` (llama-server reads no
+/// other forcing form); with more tools offered, or `forced_tool_choice = "named"`, as the
+/// named object.
+#[test]
+fn a_forced_tool_is_required_when_it_is_the_only_one_offered() {
+    let tool = |name: &str| ToolSpec {
+        name: name.to_owned(),
+        description: String::new(),
+        parameters: json!({"type": "object"}),
+    };
+    let forced = ToolChoice::Tool {
+        name: "f".to_owned(),
+    };
+    let named = json!({"type": "function", "function": {"name": "f"}});
+    let alone = request(Vec::new(), vec![tool("f")], forced.clone());
+    assert_eq!(body_of(&alone)["tool_choice"], "required");
+    let among = request(Vec::new(), vec![tool("f"), tool("g")], forced);
+    assert_eq!(body_of(&among)["tool_choice"], named);
+    let options = Options {
+        forced_tool_choice: crate::config::ForcedToolChoice::Named,
+        ..Options::default()
+    };
+    assert_eq!(request_body(&alone, &options)["tool_choice"], named);
 }
 
 #[test]
