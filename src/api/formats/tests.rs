@@ -370,6 +370,17 @@ fn resumed_tool_run() -> Log {
     log
 }
 
+/// Every hand-written log of these tests.
+fn every_log() -> [Log; 5] {
+    [
+        server_tool_run(),
+        paused_run(),
+        resumed_run(),
+        decided_run(),
+        resumed_tool_run(),
+    ]
+}
+
 /// `(id, data)` of every frame rendered after `after`, up to the end of the response.
 fn render<P: Projection>(
     projection: P,
@@ -667,13 +678,7 @@ fn tool_progress_is_a_data_part_per_call_and_an_ag_ui_custom_event() {
 
 #[test]
 fn every_cut_of_every_ai_sdk_stream_resumes_exactly() {
-    for log in [
-        server_tool_run(),
-        paused_run(),
-        resumed_run(),
-        decided_run(),
-        resumed_tool_run(),
-    ] {
+    for log in every_log() {
         for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
             let cuts = every_cut_resumes_exactly(
                 || AiSdk::new(log.run.clone(), dialect),
@@ -688,13 +693,7 @@ fn every_cut_of_every_ai_sdk_stream_resumes_exactly() {
 
 #[test]
 fn every_cut_of_every_ag_ui_stream_resumes_exactly_after_a_prelude_the_verifier_accepts() {
-    for log in [
-        server_tool_run(),
-        paused_run(),
-        resumed_run(),
-        decided_run(),
-        resumed_tool_run(),
-    ] {
+    for log in every_log() {
         let cuts =
             every_cut_resumes_exactly(|| AgUi::new(log.run.clone()), &log, true, check_ag_ui);
         assert!(cuts > 10, "{cuts}");
@@ -1208,13 +1207,7 @@ fn every_cursor<P: Projection>(make: impl Fn() -> P, log: &Log) -> Vec<Option<Cu
 
 #[test]
 fn watchers_of_one_shared_rendering_send_what_each_would_render_alone() {
-    for log in [
-        server_tool_run(),
-        paused_run(),
-        resumed_run(),
-        decided_run(),
-        resumed_tool_run(),
-    ] {
+    for log in every_log() {
         let ai_sdk = |dialect| AiSdk::new(log.run.clone(), dialect);
         for turns in [Turns::Lockstep, Turns::LatestFirst, Turns::EarliestFirst] {
             for dialect in [AiSdkDialect::V6, AiSdkDialect::V7] {
