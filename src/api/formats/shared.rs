@@ -7,8 +7,9 @@
 //! its prelude is unsent (a resume), and while the shared rendering is elsewhere in the log; it
 //! joins the shared one at the first event the shared rendering can give it, and hands its
 //! fold over when the shared rendering is behind it. A joined watcher that falls further
-//! behind than the shared rendering keeps frames ([`RECENT`] events) folds the log again on its
-//! own ([`Watcher::render`] answers `None`: the caller re-reads the log from the start).
+//! behind than the shared rendering keeps frames ([`RECENT`] events, [`RECENT_BYTES`] bytes)
+//! folds the log again on its own ([`Watcher::render`] answers `None`: the caller re-reads the
+//! log from the start).
 //!
 //! A shared rendering lives as long as one of its watchers does ([`Renderings`] holds it
 //! weakly).
@@ -17,13 +18,19 @@ use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use bytes::Bytes;
+
 use super::{Cursor, Format, Projection, Rendered, Renderer};
 use crate::domain::RunId;
 use crate::events::{AgentEvent, EventFrame};
 
 /// Events whose frames a shared rendering keeps for its watchers a little behind (as many as
-/// the live feed's channel keeps by default).
+/// the live feed's channel keeps by default)...
 pub(super) const RECENT: usize = 1024;
+
+/// ...and at most this many bytes of them (large tool results would otherwise keep up to
+/// [`RECENT`] times their size), though always the latest event's.
+pub(super) const RECENT_BYTES: usize = 4 << 20;
 
 /// This process's shared renderings, by run and format, each kept while it has a watcher.
 #[derive(Debug, Default)]
@@ -97,8 +104,11 @@ pub(super) struct Shared<P: Projection> {
     renderer: Renderer<P>,
     /// The sequence of the last event folded (0: none).
     last: u64,
-    /// The frames of events `last − len + 1 ..= last`, at most [`RECENT`].
+    /// The frames of events `last − len + 1 ..= last`, at most [`RECENT`] events and
+    /// [`RECENT_BYTES`] bytes (or the latest event alone).
     recent: VecDeque<Arc<Rendered>>,
+    /// The bytes of the frames in `recent`.
+    recent_bytes: usize,
 }
 
 impl<P: Projection> Shared<P> {
@@ -108,6 +118,7 @@ impl<P: Projection> Shared<P> {
             fresh,
             last: 0,
             recent: VecDeque::new(),
+            recent_bytes: 0,
         }
     }
 
@@ -122,10 +133,15 @@ impl<P: Projection> Shared<P> {
     fn push(&mut self, event: &AgentEvent) -> Arc<Rendered> {
         let rendered = Arc::new(self.renderer.render(event));
         self.last = event.sequence;
-        if self.recent.len() == RECENT {
-            self.recent.pop_front();
-        }
+        self.recent_bytes += size(&rendered);
         self.recent.push_back(rendered.clone());
+        while self.recent.len() > RECENT
+            || (self.recent_bytes > RECENT_BYTES && self.recent.len() > 1)
+        {
+            if let Some(oldest) = self.recent.pop_front() {
+                self.recent_bytes -= size(&oldest);
+            }
+        }
         rendered
     }
 
@@ -134,7 +150,13 @@ impl<P: Projection> Shared<P> {
         self.renderer = renderer.into_live();
         self.last = last;
         self.recent.clear();
+        self.recent_bytes = 0;
     }
+}
+
+/// The bytes of an event's frames.
+fn size(rendered: &Rendered) -> usize {
+    rendered.frames.iter().map(Bytes::len).sum()
 }
 
 fn lock<P: Projection>(shared: &Mutex<Shared<P>>) -> MutexGuard<'_, Shared<P>> {

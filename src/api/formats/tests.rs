@@ -1240,35 +1240,42 @@ fn watchers_of_one_shared_rendering_send_what_each_would_render_alone() {
 
 #[test]
 fn a_watcher_behind_what_the_shared_rendering_keeps_folds_the_log_again() {
-    let mut log = Log::new();
-    log.model(1);
-    for _ in 0..shared::RECENT + 50 {
-        log.text("x");
+    // More events than it keeps, then fewer events but more bytes than it keeps.
+    let big = "x".repeat(64 << 10);
+    for (deltas, text) in [(shared::RECENT + 50, "x"), (100, big.as_str())] {
+        let mut log = Log::new();
+        log.model(1);
+        for _ in 0..deltas {
+            log.text(text);
+        }
+        log.end_call();
+        log.complete(1);
+        let fresh = AgUi::new(log.run.clone());
+        let frames = event_frames(&log);
+        let renderings = Renderings::default();
+        let mut slow = Watcher::new(
+            renderings.share(log.run.run_id, Format::AgUi, || fresh.clone()),
+            None,
+        );
+        let mut fast = Watcher::new(
+            renderings.share(log.run.run_id, Format::AgUi, || fresh.clone()),
+            None,
+        );
+        let mut slow_out: Vec<(Option<String>, String)> = Vec::new();
+        let first = slow.render(&frames[0]).unwrap().unwrap();
+        slow_out.extend(first.frames.iter().map(parse));
+        for frame in &frames {
+            fast.render(frame).unwrap().unwrap();
+        }
+        // The shared rendering no longer keeps event 2: the slow watcher starts again.
+        assert!(
+            slow.render(&frames[1]).unwrap().is_none(),
+            "{deltas} deltas"
+        );
+        for frame in &frames {
+            let rendered = slow.render(frame).unwrap().unwrap();
+            slow_out.extend(rendered.frames.iter().map(parse));
+        }
+        assert_eq!(slow_out, render(fresh, &log, None));
     }
-    log.end_call();
-    log.complete(1);
-    let fresh = AgUi::new(log.run.clone());
-    let frames = event_frames(&log);
-    let renderings = Renderings::default();
-    let mut slow = Watcher::new(
-        renderings.share(log.run.run_id, Format::AgUi, || fresh.clone()),
-        None,
-    );
-    let mut fast = Watcher::new(
-        renderings.share(log.run.run_id, Format::AgUi, || fresh.clone()),
-        None,
-    );
-    let mut slow_out: Vec<(Option<String>, String)> = Vec::new();
-    let first = slow.render(&frames[0]).unwrap().unwrap();
-    slow_out.extend(first.frames.iter().map(parse));
-    for frame in &frames {
-        fast.render(frame).unwrap().unwrap();
-    }
-    // The shared rendering no longer keeps event 2: the slow watcher starts again.
-    assert!(slow.render(&frames[1]).unwrap().is_none());
-    for frame in &frames {
-        let rendered = slow.render(frame).unwrap().unwrap();
-        slow_out.extend(rendered.frames.iter().map(parse));
-    }
-    assert_eq!(slow_out, render(fresh, &log, None));
 }
