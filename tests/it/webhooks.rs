@@ -3,7 +3,7 @@
 //! signed (checked here with HMAC-SHA256 computed independently); a client-tool run is
 //! delivered when it starts waiting and when it ends; private addresses, hosts not allowed and
 //! a server without a secret are refused at create; a run without a webhook writes nothing to
-//! the outbox. Across a restart: the real `behest serve` binary ends a run while the receiver
+//! the outbox, and one with `"webhook": null` has none, not even the preset's or the server's. Across a restart: the real `behest serve` binary ends a run while the receiver
 //! is down, is killed, restarts, and the receiver brought up then gets the delivery. On both
 //! store backends.
 
@@ -491,6 +491,90 @@ async fn webhooks_not_allowed_are_refused_and_runs_without_one_write_nothing(bac
     assert_eq!(problem["code"], "webhooks_disabled", "{problem}");
 }
 
+/// `"webhook": null` opts a run out of every webhook: the preset's and the server's default
+/// `[webhooks] url` (a health probe, a test run). The run shows none, writes no delivery and
+/// the receiver gets nothing; a run leaving the field out still gets the default, and the two
+/// are different bodies for an idempotency key. A server without a secret accepts `null`.
+async fn a_run_with_a_null_webhook_opts_out_of_the_default(backend: Backend) {
+    let receiver = Receiver::start(&[]).await;
+    let toml = format!(
+        "[webhooks]\nsecret = \"{SECRET}\"\nallow_private_addresses = true\nurl = \"{url}\"\n\n\
+         {DEMO}\n[agents.probe]\nprovider = \"demo\"\nmodel = \"demo\"\n\
+         [agents.probe.webhook]\nurl = \"{url}\"\n",
+        url = receiver.url()
+    );
+    let config = behest::config::Config::from_toml(&toml).unwrap();
+    let Some(server) = TestServer::start(backend, config).await else {
+        return;
+    };
+    let mut opted_out = Vec::new();
+    for body in [
+        json!({"provider": "demo", "model": "demo", "input": "hello", "webhook": null}),
+        json!({"agent": "probe", "input": "hello", "webhook": null}),
+    ] {
+        let created = server.create_run(body).await;
+        let run_id = created["run_id"].as_str().unwrap().to_owned();
+        let run = wait_terminal(&server, &run_id).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        assert!(run.get("webhook").is_none(), "no webhook: {run}");
+        opted_out.push(run_id);
+    }
+    // Left out: the server's default, delivered to the same receiver.
+    let created = server
+        .create_run(json!({"provider": "demo", "model": "demo", "input": "hello"}))
+        .await;
+    let default_run = created["run_id"].as_str().unwrap().to_owned();
+    let run = wait_terminal(&server, &default_run).await;
+    assert_eq!(run["webhook"]["url"], receiver.url(), "{run}");
+    wait_deliveries(
+        &server.client,
+        server.url(&format!("/runs/{default_run}/webhook-deliveries")),
+        |list| list.first().is_some_and(|d| d["status"] == "delivered"),
+    )
+    .await;
+    for run_id in &opted_out {
+        let list = deliveries(
+            &server.client,
+            server.url(&format!("/runs/{run_id}/webhook-deliveries")),
+        )
+        .await;
+        assert_eq!(list["deliveries"], json!([]), "run {run_id}");
+    }
+    let outbox = server.runtime.store().webhook_outbox().await.unwrap();
+    assert_eq!(outbox.pending, 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 1, "only the default run's delivery");
+    assert_eq!(verify(&received[0]).1["data"]["id"], default_run.as_str());
+
+    // `null` and absent are different bodies under one idempotency key.
+    let keyed = json!({"provider": "demo", "model": "demo", "input": "hi",
+                       "client_request_id": "probe-1", "webhook": null});
+    server.create_run(keyed).await;
+    let response = server
+        .client
+        .post(server.url("/runs"))
+        .json(&json!({"provider": "demo", "model": "demo", "input": "hi",
+                      "client_request_id": "probe-1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 409);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["code"], "idempotency_key_reused", "{problem}");
+
+    // Without a secret, `null` asks for nothing the server lacks.
+    let plain = behest::config::Config::from_toml(DEMO).unwrap();
+    let Some(off) = TestServer::start(backend, plain).await else {
+        return;
+    };
+    let created = off
+        .create_run(json!({"provider": "demo", "model": "demo", "input": "hi", "webhook": null}))
+        .await;
+    let run = wait_terminal(&off, created["run_id"].as_str().unwrap()).await;
+    assert!(run.get("webhook").is_none(), "{run}");
+}
+
 async fn a_delivery_survives_a_restart_and_a_receiver_that_was_down(backend: Backend) {
     let Some(db) = TestDb::new(backend).await else {
         return;
@@ -591,5 +675,6 @@ on_both_backends!(
     a_receiver_that_fails_then_times_out_then_accepts,
     a_waiting_run_is_delivered_when_it_waits_and_when_it_ends,
     webhooks_not_allowed_are_refused_and_runs_without_one_write_nothing,
+    a_run_with_a_null_webhook_opts_out_of_the_default,
     a_delivery_survives_a_restart_and_a_receiver_that_was_down,
 );
