@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use super::extract::Body;
 use crate::domain::{RunId, RunStatus};
-use crate::runtime::{AnswerError, CreateRunError};
+use crate::runtime::{AnswerError, CancelError, CreateRunError};
 use crate::store::StoreError;
 
 /// An RFC 9457 problem document.
@@ -248,6 +248,17 @@ impl From<StoreError> for ApiError {
             )
             .field("external_id"),
             other => Self::internal(&other),
+        }
+    }
+}
+
+impl From<CancelError> for ApiError {
+    /// The store's error as [`From<StoreError>`] maps it; the event log's is the server's
+    /// fault (500, logged with its kind).
+    fn from(error: CancelError) -> Self {
+        match error {
+            CancelError::Store(error) => error.into(),
+            CancelError::Log(error) => Self::internal(&error),
         }
     }
 }

@@ -577,11 +577,17 @@ pub struct CreateRunRequest {
     /// Where to POST the run record, signed (Standard Webhooks: `webhook-id`,
     /// `webhook-timestamp`, `webhook-signature`), when the run ends (`run.completed`,
     /// `run.failed`, `run.cancelled`) or starts waiting in `requires_action`
-    /// (`run.requires_action`); delivered at least once, retried with backoff. Default: the
-    /// preset's, else the server's `[webhooks] url`. Needs `[webhooks] secret` on the server
-    /// (else 422 `webhooks_disabled`); a URL not allowed is 422 `invalid_webhook`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub webhook: Option<super::Webhook>,
+    /// (`run.requires_action`); delivered at least once, retried with backoff. Absent: the
+    /// preset's, else the server's `[webhooks] url`; `null`: none at all, not even those (a
+    /// health probe, a test run), and the run shows no `webhook`. Needs `[webhooks] secret` on
+    /// the server (else 422 `webhooks_disabled`); a URL not allowed is 422 `invalid_webhook`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<super::Webhook>)]
+    pub webhook: Option<Option<super::Webhook>>,
 }
 
 /// Bounds of `action_timeout_ms`, in ms: one second to seven days.
@@ -742,7 +748,7 @@ impl CreateRunRequest {
             ));
         }
         self.parameters().check()?;
-        if let Some(webhook) = &self.webhook {
+        if let Some(Some(webhook)) = &self.webhook {
             let url = &webhook.url;
             // The shape is checked here like every field's (`invalid_field`); whether the
             // server may post to it, at admission (`invalid_webhook`). A URL parser would
@@ -846,7 +852,7 @@ impl CreateRunRequest {
             "seed" => "must be an integer (64-bit)",
             "parallel_tool_calls" => "must be true or false",
             "action_timeout_ms" => "must be a positive integer (ms)",
-            "webhook" => "must be an object {\"url\": \"https://…\"}",
+            "webhook" => "must be an object {\"url\": \"https://…\"} or null (no webhook)",
             _ => return None,
         })
     }
@@ -1208,7 +1214,10 @@ fn check_session_fields(
     Ok(())
 }
 
-/// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
-    Option::<String>::deserialize(d).map(Some)
+/// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`, with
+/// `#[serde(default)]`).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }

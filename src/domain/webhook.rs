@@ -114,6 +114,12 @@ pub enum WebhookAttemptOutcome {
     Retry,
     /// Failed, and it was the schedule's last attempt: the delivery failed.
     Failed,
+    /// Being made: a process claimed the delivery for it and its claim is live.
+    InProgress,
+    /// Never ended: the process making it stopped first (killed, crashed, or shut down, which
+    /// stops attempts in flight). The receiver may have got it; the next attempt follows once
+    /// the claim expires (the attempt's timeout plus 5 s), at once after a shutdown.
+    Interrupted,
 }
 
 impl WebhookAttemptOutcome {
@@ -124,15 +130,23 @@ impl WebhookAttemptOutcome {
             Self::Delivered => "delivered",
             Self::Retry => "retry",
             Self::Failed => "failed",
+            Self::InProgress => "in_progress",
+            Self::Interrupted => "interrupted",
         }
     }
 
     /// Parses [`WebhookAttemptOutcome::as_str`]'s text.
     #[must_use]
     pub fn parse(text: &str) -> Option<Self> {
-        [Self::Delivered, Self::Retry, Self::Failed]
-            .into_iter()
-            .find(|s| s.as_str() == text)
+        [
+            Self::Delivered,
+            Self::Retry,
+            Self::Failed,
+            Self::InProgress,
+            Self::Interrupted,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
     }
 }
 
@@ -141,16 +155,17 @@ impl WebhookAttemptOutcome {
 pub struct WebhookAttempt {
     /// 1 for the first attempt, then 2, 3, …
     pub attempt: u32,
-    /// When the request was sent (RFC 3339, UTC).
+    /// When the attempt began (RFC 3339, UTC).
     pub started_at: DateTime<Utc>,
-    /// Time from sending the request to its answer (or failure), in ms.
-    pub duration_ms: u64,
+    /// Time from sending the request to its answer (or failure), in ms; null while it is
+    /// `in_progress` and when it was `interrupted`.
+    pub duration_ms: Option<u64>,
     /// The HTTP status the receiver answered; absent when none came (timeout, connection or
     /// address refused).
     pub status_code: Option<u16>,
     /// What went wrong, when it failed.
     pub error: Option<String>,
-    /// How the attempt went.
+    /// How the attempt went (`in_progress` while it is made).
     pub outcome: WebhookAttemptOutcome,
 }
 
@@ -189,6 +204,7 @@ pub struct ClaimedDelivery {
     pub url: String,
     /// The body posted, as stored: `{"type", "timestamp", "data": <run record>}`.
     pub payload: String,
-    /// Attempts made before this one.
-    pub attempts: u32,
+    /// This attempt's number (1, 2, …): its row is written at the claim, as `interrupted`
+    /// until the attempt's end is recorded.
+    pub attempt: u32,
 }

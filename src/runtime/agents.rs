@@ -132,14 +132,16 @@ impl Runtime {
         if effective.output_schema.is_none() {
             effective.output_schema = preset_or_default.output_schema;
         }
-        // The request's webhook, else the preset's, else the server's.
-        if effective.webhook.is_none() {
-            effective.webhook = preset_or_default.webhook.or_else(|| {
+        // The request's webhook (`null`: none), else the preset's, else the server's.
+        let webhook = match &request.webhook {
+            Some(own) => own.clone(),
+            None => preset_or_default.webhook.or_else(|| {
                 self.webhooks
                     .get()
                     .and_then(|hooks| hooks.default_webhook())
-            });
-        }
+            }),
+        };
+        effective.webhook = Some(webhook.clone());
         // The request's options go over the preset's, key by key.
         if let Some(mut options) = preset_or_default.provider_options {
             if let Some(serde_json::Value::Object(own)) = &request.provider_options {
@@ -163,7 +165,7 @@ impl Runtime {
                 .and_then(|p| p.doom_loop.as_ref())
                 .map(|o| o.over(&self.config.doom_loop)),
             output_schema: effective.output_schema.clone(),
-            webhook: effective.webhook.clone(),
+            webhook,
         };
         let remember = SessionDefaults {
             agent: request.agent.clone(),

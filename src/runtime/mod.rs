@@ -173,6 +173,28 @@ pub struct CreatedRun {
     pub replayed: bool,
 }
 
+/// Why `cancel_run` failed: the store's error, or the event log's while it ended a run no
+/// process executed (a batch the store refused keeps the store's error and its kind, a database
+/// error stays one; the writer stopped at shutdown).
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The run's end could not be logged.
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
+
+impl From<end::EndError> for CancelError {
+    fn from(error: end::EndError) -> Self {
+        match error {
+            end::EndError::Log(error) => Self::Log(error),
+            end::EndError::Store(error) => Self::Store(error),
+        }
+    }
+}
+
 /// What `cancel_run` did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CancelOutcome {
@@ -636,8 +658,9 @@ impl Runtime {
     /// concurrent cancels all get the same answer.
     ///
     /// # Errors
-    /// The store's, or `Ok(None)` when the run does not exist.
-    pub async fn cancel_run(&self, run_id: RunId) -> Result<Option<CancelOutcome>, StoreError> {
+    /// [`CancelError`]: the store's, or the event log's while ending a run no process executes;
+    /// `Ok(None)` when the run does not exist.
+    pub async fn cancel_run(&self, run_id: RunId) -> Result<Option<CancelOutcome>, CancelError> {
         let Some(record) = self.store.get_run(run_id).await? else {
             return Ok(None);
         };
@@ -654,7 +677,7 @@ impl Runtime {
                 // refused (`run_not_waiting`) instead of accepted and dropped. Not recorded:
                 // the run ended in the meantime, and its end stands.
                 if !self.store.request_cancel(run_id).await? {
-                    return self.ended_before_cancel(run_id, record).await;
+                    return Ok(self.ended_before_cancel(run_id, record).await?);
                 }
                 token.cancel();
                 // This process may have just lost the run: its new owner hears it at once.
@@ -677,8 +700,11 @@ impl Runtime {
                     .await?;
                 if claimed.is_some() {
                     let ended = match trail::RunTrail::load(self.store.as_ref(), run_id).await {
-                        Ok(trail) => self.end_orphan(&record, trail, RunEnd::Cancelled).await,
-                        Err(error) => Err(error),
+                        Ok(trail) => self
+                            .end_orphan(&record, trail, RunEnd::Cancelled)
+                            .await
+                            .map_err(CancelError::from),
+                        Err(error) => Err(error.into()),
                     };
                     if let Err(error) = ended {
                         let now = self.store.get_run(run_id).await?;
@@ -688,7 +714,7 @@ impl Runtime {
                     }
                 } else {
                     if !self.store.request_cancel(run_id).await? {
-                        return self.ended_before_cancel(run_id, record).await;
+                        return Ok(self.ended_before_cancel(run_id, record).await?);
                     }
                     self.send_signal(Signal::Cancel(run_id)).await;
                 }

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 
+use super::end::{self, EndError};
 use super::trail::RunTrail;
-use super::{Runtime, TraceContext, end};
+use super::{Runtime, TraceContext};
 use crate::config::Recovery;
 use crate::domain::{ErrorClass, RunEnd, RunId, RunRecord, RunStatus};
 use crate::store::{ClaimedRun, Lease, StoreError, unix_ms};
@@ -28,6 +29,15 @@ enum AdoptError {
     /// the store's error).
     #[error(transparent)]
     Log(#[from] super::LogError),
+}
+
+impl From<EndError> for AdoptError {
+    fn from(error: EndError) -> Self {
+        match error {
+            EndError::Log(error) => Self::Log(error),
+            EndError::Store(error) => Self::Store(error),
+        }
+    }
 }
 
 /// Runs one recovery scan takes over at most.
@@ -212,7 +222,7 @@ impl Runtime {
         run: &RunRecord,
         trail: RunTrail,
         end: RunEnd,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), EndError> {
         let reason = end::open_call_reason(&end);
         let trace = trace_of(&trail, run.id);
         let span = self.run_span(run, trace.clone(), true);
@@ -224,7 +234,6 @@ impl Runtime {
         end::close_out(&self.store, &emitter, run, end, reason, None)
             .await
             .map(|_| ())
-            .map_err(|e| StoreError::Corrupt(e.to_string()))
     }
 }
 
@@ -539,6 +548,36 @@ mod tests {
         runtime.cancel_run(cancelled).await.unwrap().unwrap();
         assert_eq!(ended(&store, cancelled).await.status, RunStatus::Cancelled);
         assert_eq!(log_reads::of(cancelled), 1, "the cancelled run's log");
+    }
+
+    /// A cancel that ends a run no process executes, whose events the database refuses,
+    /// fails with the database's own error (through the event log's batch), not a "corrupt
+    /// record".
+    #[tokio::test]
+    async fn a_failed_orphan_cancel_keeps_the_database_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, runtime) = server(&dir, "resume").await;
+        let run_id = left_mid_stream(&store).await;
+        // The log still reads; every new event is refused by the database.
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query(
+            "CREATE TRIGGER refuse_events BEFORE INSERT ON events \
+             BEGIN SELECT RAISE(ABORT, 'events refused'); END",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let error = runtime.cancel_run(run_id).await.unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                crate::runtime::CancelError::Log(crate::runtime::LogError::Store(store_error))
+                    if matches!(**store_error, StoreError::Database(_))
+            ),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("events refused"), "{error}");
     }
 
     /// A takeover whose flush of queued events fails (the batch it rode in could not be

@@ -816,13 +816,16 @@ pub trait RetentionStore: Send + Sync {
 pub trait WebhookStore: Send + Sync {
     /// Claims up to `limit` pending deliveries due at `now_ms` that no live claim holds, for
     /// `owner` until `claim_until_ms` (rows another transaction holds are skipped, never
-    /// waited for: PostgreSQL `FOR UPDATE SKIP LOCKED`), earliest due first.
+    /// waited for: PostgreSQL `FOR UPDATE SKIP LOCKED`), earliest due first. Each claim is an
+    /// attempt: numbered, and listed as `interrupted` until its end is recorded. A delivery
+    /// whose `max_attempts` were all made (the last interrupted) is marked failed instead.
     async fn claim_webhook_deliveries(
         &self,
         owner: &str,
         now_ms: i64,
         claim_until_ms: i64,
         limit: u32,
+        max_attempts: u32,
     ) -> StoreResult<Vec<ClaimedDelivery>>;
 
     /// Records an attempt of a claimed delivery and what follows (delivered, another attempt

@@ -3,9 +3,10 @@
 //! signed (checked here with HMAC-SHA256 computed independently); a client-tool run is
 //! delivered when it starts waiting and when it ends; private addresses, hosts not allowed and
 //! a server without a secret are refused at create; a run without a webhook writes nothing to
-//! the outbox. Across a restart: the real `behest serve` binary ends a run while the receiver
-//! is down, is killed, restarts, and the receiver brought up then gets the delivery. On both
-//! store backends.
+//! the outbox, and one with `"webhook": null` has none, not even the preset's or the server's. Across a restart: the real `behest serve` binary ends a run while the receiver
+//! is down, is killed, restarts, and the receiver brought up then gets the delivery; an attempt
+//! cut by a kill in the middle is listed as `interrupted` before the next. On both store
+//! backends.
 
 use crate::support;
 
@@ -491,6 +492,90 @@ async fn webhooks_not_allowed_are_refused_and_runs_without_one_write_nothing(bac
     assert_eq!(problem["code"], "webhooks_disabled", "{problem}");
 }
 
+/// `"webhook": null` opts a run out of every webhook: the preset's and the server's default
+/// `[webhooks] url` (a health probe, a test run). The run shows none, writes no delivery and
+/// the receiver gets nothing; a run leaving the field out still gets the default, and the two
+/// are different bodies for an idempotency key. A server without a secret accepts `null`.
+async fn a_run_with_a_null_webhook_opts_out_of_the_default(backend: Backend) {
+    let receiver = Receiver::start(&[]).await;
+    let toml = format!(
+        "[webhooks]\nsecret = \"{SECRET}\"\nallow_private_addresses = true\nurl = \"{url}\"\n\n\
+         {DEMO}\n[agents.probe]\nprovider = \"demo\"\nmodel = \"demo\"\n\
+         [agents.probe.webhook]\nurl = \"{url}\"\n",
+        url = receiver.url()
+    );
+    let config = behest::config::Config::from_toml(&toml).unwrap();
+    let Some(server) = TestServer::start(backend, config).await else {
+        return;
+    };
+    let mut opted_out = Vec::new();
+    for body in [
+        json!({"provider": "demo", "model": "demo", "input": "hello", "webhook": null}),
+        json!({"agent": "probe", "input": "hello", "webhook": null}),
+    ] {
+        let created = server.create_run(body).await;
+        let run_id = created["run_id"].as_str().unwrap().to_owned();
+        let run = wait_terminal(&server, &run_id).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        assert!(run.get("webhook").is_none(), "no webhook: {run}");
+        opted_out.push(run_id);
+    }
+    // Left out: the server's default, delivered to the same receiver.
+    let created = server
+        .create_run(json!({"provider": "demo", "model": "demo", "input": "hello"}))
+        .await;
+    let default_run = created["run_id"].as_str().unwrap().to_owned();
+    let run = wait_terminal(&server, &default_run).await;
+    assert_eq!(run["webhook"]["url"], receiver.url(), "{run}");
+    wait_deliveries(
+        &server.client,
+        server.url(&format!("/runs/{default_run}/webhook-deliveries")),
+        |list| list.first().is_some_and(|d| d["status"] == "delivered"),
+    )
+    .await;
+    for run_id in &opted_out {
+        let list = deliveries(
+            &server.client,
+            server.url(&format!("/runs/{run_id}/webhook-deliveries")),
+        )
+        .await;
+        assert_eq!(list["deliveries"], json!([]), "run {run_id}");
+    }
+    let outbox = server.runtime.store().webhook_outbox().await.unwrap();
+    assert_eq!(outbox.pending, 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 1, "only the default run's delivery");
+    assert_eq!(verify(&received[0]).1["data"]["id"], default_run.as_str());
+
+    // `null` and absent are different bodies under one idempotency key.
+    let keyed = json!({"provider": "demo", "model": "demo", "input": "hi",
+                       "client_request_id": "probe-1", "webhook": null});
+    server.create_run(keyed).await;
+    let response = server
+        .client
+        .post(server.url("/runs"))
+        .json(&json!({"provider": "demo", "model": "demo", "input": "hi",
+                      "client_request_id": "probe-1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 409);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["code"], "idempotency_key_reused", "{problem}");
+
+    // Without a secret, `null` asks for nothing the server lacks.
+    let plain = behest::config::Config::from_toml(DEMO).unwrap();
+    let Some(off) = TestServer::start(backend, plain).await else {
+        return;
+    };
+    let created = off
+        .create_run(json!({"provider": "demo", "model": "demo", "input": "hi", "webhook": null}))
+        .await;
+    let run = wait_terminal(&off, created["run_id"].as_str().unwrap()).await;
+    assert!(run.get("webhook").is_none(), "{run}");
+}
+
 async fn a_delivery_survives_a_restart_and_a_receiver_that_was_down(backend: Backend) {
     let Some(db) = TestDb::new(backend).await else {
         return;
@@ -554,10 +639,14 @@ async fn a_delivery_survives_a_restart_and_a_receiver_that_was_down(backend: Bac
     let last = attempts.last().unwrap();
     assert_eq!(last["status_code"], 200);
     assert_eq!(last["outcome"], "delivered");
+    // (The kill may have cut an attempt in the middle: that one is `interrupted`.)
     assert!(
         attempts[..attempts.len() - 1]
             .iter()
-            .all(|a| a["outcome"] == "retry" && a["error"].is_string()),
+            .all(
+                |a| (a["outcome"] == "retry" || a["outcome"] == "interrupted")
+                    && a["error"].is_string()
+            ),
         "{attempts:?}"
     );
     // Once delivered, nothing more arrives; every request was the same signed delivery.
@@ -587,9 +676,90 @@ async fn a_delivery_survives_a_restart_and_a_receiver_that_was_down(backend: Bac
     db.cleanup().await;
 }
 
+/// An attempt cut by `kill -9` is listed: the claim wrote it, `in_progress` while the process
+/// lives, and after the restart `interrupted` (no status, no duration), followed by the next
+/// attempt of the same delivery once the dead process's claim expired. Interrupted attempts
+/// count in the schedule: with two, two cut attempts fail the delivery, and no third request
+/// is made. The receiver got both requests, with one `webhook-id`.
+async fn an_attempt_cut_by_a_kill_is_listed_as_interrupted(backend: Backend) {
+    let Some(db) = TestDb::new(backend).await else {
+        return;
+    };
+    // Every request is held past the kill that follows it.
+    let held = Answer::Sleep(Duration::from_secs(60));
+    let receiver = Receiver::start(&[held, held, held]).await;
+    let toml = format!(
+        "[runtime]\nlease_ttl_ms = 1000\n\n[webhooks]\nsecret = \"{SECRET}\"\n\
+         allow_private_addresses = true\ntimeout_ms = 5000\nschedule_ms = [0, 100]\n\n{DEMO}"
+    );
+    let mut first = ServerProcess::start("first", &toml, &db.url).await;
+    let (status, _, created) = first
+        .post(
+            "/runs",
+            &json!({"provider": "demo", "model": "demo", "input": "hello",
+                    "webhook": {"url": receiver.url()}}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let run_id = created["run_id"].as_str().unwrap().to_owned();
+    let path = format!("/runs/{run_id}/webhook-deliveries");
+    // Attempt 1 is being made (its timeout is 5 s away) when the process is killed.
+    receiver.wait_for(1).await;
+    let list = deliveries(&first.client, first.url(&path)).await["deliveries"].clone();
+    let attempts = &list[0]["attempts"];
+    assert_eq!(attempts.as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!(attempts[0]["attempt"], 1);
+    assert_eq!(attempts[0]["outcome"], "in_progress", "{list}");
+    assert!(attempts[0]["duration_ms"].is_null(), "{list}");
+    first.kill().await;
+
+    // Restarted: attempt 2 follows once the dead claim expired; it is killed too.
+    let mut second = ServerProcess::start("second", &toml, &db.url).await;
+    receiver.wait_for(2).await;
+    let list = deliveries(&second.client, second.url(&path)).await["deliveries"].clone();
+    let attempts = list[0]["attempts"].as_array().unwrap().clone();
+    assert_eq!(attempts.len(), 2, "{list}");
+    assert_eq!(attempts[0]["outcome"], "interrupted", "{list}");
+    assert_eq!(attempts[1]["attempt"], 2);
+    assert_eq!(attempts[1]["outcome"], "in_progress", "{list}");
+    second.kill().await;
+
+    // The schedule's two attempts were made: the delivery failed, no third one is made.
+    let third = ServerProcess::start("third", &toml, &db.url).await;
+    let list = wait_deliveries(&third.client, third.url(&path), |list| {
+        list.first().is_some_and(|d| d["status"] != "pending")
+    })
+    .await;
+    assert_eq!(list[0]["status"], "failed", "{list:?}");
+    assert!(list[0]["finished_at"].is_string(), "{list:?}");
+    let attempts = list[0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    for (number, attempt) in (1..).zip(attempts) {
+        assert_eq!(attempt["attempt"], number);
+        assert_eq!(attempt["outcome"], "interrupted", "{attempts:?}");
+        assert!(attempt["status_code"].is_null(), "{attempts:?}");
+        assert!(attempt["duration_ms"].is_null(), "{attempts:?}");
+        assert!(
+            attempt["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("stopped")),
+            "{attempts:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 2, "no third request");
+    let ids: Vec<String> = received.iter().map(|r| verify(r).0).collect();
+    assert_eq!(ids, vec![list[0]["id"].as_str().unwrap().to_owned(); 2]);
+    drop(third);
+    db.cleanup().await;
+}
+
 on_both_backends!(
     a_receiver_that_fails_then_times_out_then_accepts,
     a_waiting_run_is_delivered_when_it_waits_and_when_it_ends,
     webhooks_not_allowed_are_refused_and_runs_without_one_write_nothing,
+    a_run_with_a_null_webhook_opts_out_of_the_default,
     a_delivery_survives_a_restart_and_a_receiver_that_was_down,
+    an_attempt_cut_by_a_kill_is_listed_as_interrupted,
 );

@@ -7,7 +7,8 @@
 //! row with the run record as the payload), so a crash can neither lose it nor half-write it,
 //! and a run without a webhook writes nothing more. One worker per process ([`delivery_loop`])
 //! claims due deliveries with a short claim (several replicas never attempt one delivery at
-//! once; a dead replica's claim expires), posts each with a timeout, records the attempt and
+//! once; a dead replica's claim expires; the claim writes its attempt as `interrupted`, so one
+//! cut by a crash stays listed), posts each with a timeout, records the attempt's end and
 //! schedules the next from `[webhooks] schedule_ms`. It is woken by the event log when a
 //! delivery is written here, and polls the outbox otherwise. It never blocks a run.
 
@@ -165,7 +166,7 @@ impl Webhooks {
     /// One attempt of a claimed delivery: checked, signed, posted; returns how it went and
     /// when the next one is due.
     async fn attempt(&self, delivery: &ClaimedDelivery) -> AttemptRecord {
-        let number = delivery.attempts.saturating_add(1);
+        let number = delivery.attempt;
         let started_at = Utc::now();
         let started = Instant::now();
         let result = match self.check(&delivery.url).await {
@@ -197,7 +198,7 @@ impl Webhooks {
             attempt: WebhookAttempt {
                 attempt: number,
                 started_at,
-                duration_ms,
+                duration_ms: Some(duration_ms),
                 status_code,
                 error,
                 outcome,
@@ -269,11 +270,13 @@ pub fn due(url: Option<&Arc<str>>, payload: &EventPayload) -> Option<WebhookDue>
 /// (at most [`MAX_IN_FLIGHT`] at once), records them, and waits for the next due one, a
 /// wake-up or an attempt's end. Ends when the runtime begins its shutdown: attempts still in
 /// flight are stopped and their claims released ([`release`]); a process that dies holds its
-/// claims until they expire (an attempt's timeout plus 5 s).
+/// claims until they expire (an attempt's timeout plus 5 s). Either way the attempt, written
+/// at its claim, stays `interrupted`.
 pub(super) async fn delivery_loop(runtime: Weak<Runtime>, webhooks: Arc<Webhooks>) {
     let claim_ms = i64::try_from(webhooks.config.timeout_ms)
         .unwrap_or(i64::MAX)
         .saturating_add(CLAIM_MARGIN_MS);
+    let max_attempts = u32::try_from(webhooks.config.schedule_ms.len()).unwrap_or(u32::MAX);
     let mut in_flight: JoinSet<()> = JoinSet::new();
     loop {
         let Some(strong) = runtime.upgrade() else {
@@ -294,7 +297,13 @@ pub(super) async fn delivery_loop(runtime: Weak<Runtime>, webhooks: Arc<Webhooks
         if free > 0 {
             let limit = u32::try_from(free).unwrap_or(u32::MAX);
             match store
-                .claim_webhook_deliveries(&owner, now_ms, now_ms.saturating_add(claim_ms), limit)
+                .claim_webhook_deliveries(
+                    &owner,
+                    now_ms,
+                    now_ms.saturating_add(claim_ms),
+                    limit,
+                    max_attempts,
+                )
                 .await
             {
                 Ok(deliveries) => {

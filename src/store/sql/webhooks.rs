@@ -1,6 +1,9 @@
 //! The webhook outbox: a delivery written in the transaction of the event that causes it
 //! (`insert_webhook_delivery`, called by `events.rs`), claimed by a worker with a short claim
 //! that a dead process's expires, its attempts recorded, and a run's deliveries read back.
+//! Each claim writes its attempt's row at once, `interrupted` until the attempt's end replaces
+//! it: an attempt whose process died in the middle is still listed (shown `in_progress` while
+//! its claim is live).
 
 use chrono::{DateTime, TimeZone, Utc};
 use uuid::Uuid;
@@ -24,6 +27,10 @@ struct ClaimRow {
     attempts: i64,
 }
 
+/// The text of an attempt that never ended.
+const INTERRUPTED: &str = "the attempt did not end: the process making it stopped (killed, \
+                           crashed or shut down); the receiver may have got it";
+
 #[derive(sqlx::FromRow)]
 struct DeliveryRow {
     id: Uuid,
@@ -34,6 +41,8 @@ struct DeliveryRow {
     created_ms: i64,
     next_attempt_ms: i64,
     finished_ms: Option<i64>,
+    attempts: i64,
+    locked_until_ms: Option<i64>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -41,7 +50,7 @@ struct AttemptRow {
     delivery_id: Uuid,
     attempt: i64,
     started_ms: i64,
-    duration_ms: i64,
+    duration_ms: Option<i64>,
     status_code: Option<i64>,
     error: Option<String>,
     outcome: String,
@@ -68,9 +77,12 @@ fn payload(due: &WebhookDue, run: &RunRecord) -> StoreResult<String> {
     }))
 }
 
+/// The deliveries with their attempts; the latest attempt of a delivery whose claim is live at
+/// `now_ms` and that has not ended is `in_progress` (stored `interrupted` at the claim).
 fn deliveries(
     rows: Vec<DeliveryRow>,
     attempts: Vec<AttemptRow>,
+    now_ms: i64,
 ) -> StoreResult<Vec<WebhookDelivery>> {
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
@@ -89,15 +101,26 @@ fn deliveries(
             finished_at: row.finished_ms.map(time),
             attempts: Vec::new(),
         };
+        let claimed = status == WebhookDeliveryStatus::Pending
+            && row.locked_until_ms.is_some_and(|until| until >= now_ms);
         for attempt in attempts.iter().filter(|a| a.delivery_id == row.id) {
+            let mut outcome = WebhookAttemptOutcome::parse(&attempt.outcome)
+                .ok_or_else(|| corrupt("webhook attempt outcome", &attempt.outcome))?;
+            let mut error = attempt.error.clone();
+            if outcome == WebhookAttemptOutcome::Interrupted
+                && claimed
+                && attempt.attempt == row.attempts
+            {
+                outcome = WebhookAttemptOutcome::InProgress;
+                error = None;
+            }
             delivery.attempts.push(WebhookAttempt {
                 attempt: u32::try_from(attempt.attempt).unwrap_or(u32::MAX),
                 started_at: time(attempt.started_ms),
-                duration_ms: count(attempt.duration_ms),
+                duration_ms: attempt.duration_ms.map(count),
                 status_code: attempt.status_code.and_then(|c| u16::try_from(c).ok()),
-                error: attempt.error.clone(),
-                outcome: WebhookAttemptOutcome::parse(&attempt.outcome)
-                    .ok_or_else(|| corrupt("webhook attempt outcome", &attempt.outcome))?,
+                error,
+                outcome,
             });
         }
         out.push(delivery);
@@ -116,25 +139,41 @@ macro_rules! impl_webhook_store {
                 now_ms: i64,
                 claim_until_ms: i64,
                 limit: u32,
+                max_attempts: u32,
             ) -> StoreResult<Vec<ClaimedDelivery>> {
                 let mut tx = self.begin_write().await?;
+                // The schedule's attempts were all made, the last one cut short (a recorded
+                // failure of the last one fails it at once): failed, not attempted again.
+                sqlx::query(
+                    "UPDATE webhook_deliveries SET status = 'failed', finished_ms = $1, \
+                     locked_by = NULL, locked_until_ms = NULL \
+                     WHERE status = 'pending' AND attempts >= $2 AND next_attempt_ms <= $1 \
+                     AND (locked_until_ms IS NULL OR locked_until_ms < $1)",
+                )
+                .bind(now_ms)
+                .bind(i64::from(max_attempts))
+                .execute(&mut *tx)
+                .await?;
                 // Rows another replica's transaction holds are skipped, not waited for.
                 let candidates: Vec<Uuid> = sqlx::query_scalar(&format!(
                     "SELECT id FROM webhook_deliveries WHERE status = 'pending' \
-                     AND next_attempt_ms <= $1 \
+                     AND next_attempt_ms <= $1 AND attempts < $3 \
                      AND (locked_until_ms IS NULL OR locked_until_ms < $1) \
                      ORDER BY next_attempt_ms LIMIT $2{}",
                     Self::SKIP_LOCKED
                 ))
                 .bind(now_ms)
                 .bind(i64::from(limit))
+                .bind(i64::from(max_attempts))
                 .fetch_all(&mut *tx)
                 .await?;
                 let mut claimed = Vec::with_capacity(candidates.len());
                 for id in candidates {
                     // Re-checked under the row lock: a claim another replica won is skipped.
+                    // The claim is an attempt: numbered now, so one cut short keeps its number.
                     let row: Option<ClaimRow> = sqlx::query_as(
-                        "UPDATE webhook_deliveries SET locked_by = $2, locked_until_ms = $3 \
+                        "UPDATE webhook_deliveries SET locked_by = $2, locked_until_ms = $3, \
+                         attempts = attempts + 1 \
                          WHERE id = $1 AND status = 'pending' \
                          AND (locked_until_ms IS NULL OR locked_until_ms < $4) \
                          RETURNING id, run_id, url, payload, attempts",
@@ -146,12 +185,26 @@ macro_rules! impl_webhook_store {
                     .fetch_optional(&mut *tx)
                     .await?;
                     if let Some(row) = row {
+                        // Listed as `interrupted` until its end replaces it: a process that
+                        // dies in the middle leaves it so.
+                        sqlx::query(
+                            "INSERT INTO webhook_attempts (delivery_id, attempt, started_ms, \
+                             duration_ms, status_code, error, outcome) \
+                             VALUES ($1, $2, $3, NULL, NULL, $4, 'interrupted') \
+                             ON CONFLICT DO NOTHING",
+                        )
+                        .bind(row.id)
+                        .bind(row.attempts)
+                        .bind(now_ms)
+                        .bind(INTERRUPTED)
+                        .execute(&mut *tx)
+                        .await?;
                         claimed.push(ClaimedDelivery {
                             id: row.id,
                             run_id: RunId(row.run_id),
                             url: row.url,
                             payload: row.payload,
-                            attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+                            attempt: u32::try_from(row.attempts).unwrap_or(u32::MAX),
                         });
                     }
                 }
@@ -166,37 +219,46 @@ macro_rules! impl_webhook_store {
             ) -> StoreResult<()> {
                 let attempt = &record.attempt;
                 let started_ms = attempt.started_at.timestamp_millis();
-                let ended_ms = started_ms.saturating_add(to_i64(attempt.duration_ms));
+                let ended_ms = started_ms.saturating_add(attempt.duration_ms.map_or(0, to_i64));
                 let error = attempt.error.as_deref().map(text);
                 let status = match attempt.outcome {
                     WebhookAttemptOutcome::Delivered => WebhookDeliveryStatus::Delivered,
-                    WebhookAttemptOutcome::Retry => WebhookDeliveryStatus::Pending,
+                    // The last two are never an attempt's end: the delivery stays pending.
+                    WebhookAttemptOutcome::Retry
+                    | WebhookAttemptOutcome::InProgress
+                    | WebhookAttemptOutcome::Interrupted => WebhookDeliveryStatus::Pending,
                     WebhookAttemptOutcome::Failed => WebhookDeliveryStatus::Failed,
                 };
                 let finished_ms = (status != WebhookDeliveryStatus::Pending).then_some(ended_ms);
+                let duration_ms = attempt.duration_ms.map(to_i64);
                 let mut tx = self.begin_write().await?;
-                // A second process that attempted the same number (its claim had expired) adds
-                // nothing: the first record stands.
+                // The attempt's end replaces the `interrupted` row its claim wrote.
                 sqlx::query(
                     "INSERT INTO webhook_attempts (delivery_id, attempt, started_ms, duration_ms, \
                      status_code, error, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                     ON CONFLICT DO NOTHING",
+                     ON CONFLICT (delivery_id, attempt) DO UPDATE SET \
+                     started_ms = excluded.started_ms, duration_ms = excluded.duration_ms, \
+                     status_code = excluded.status_code, error = excluded.error, \
+                     outcome = excluded.outcome",
                 )
                 .bind(delivery_id)
                 .bind(i64::from(attempt.attempt))
                 .bind(started_ms)
-                .bind(to_i64(attempt.duration_ms))
+                .bind(duration_ms)
                 .bind(attempt.status_code.map(i64::from))
                 .bind(error.as_deref())
                 .bind(attempt.outcome.as_str())
                 .execute(&mut *tx)
                 .await?;
-                // A delivery already delivered (by another process's attempt) stays delivered.
+                // A delivery already delivered (by another process's attempt) stays delivered;
+                // an attempt that outlived its claim (another process claimed the next one)
+                // changes the delivery only when it delivered it.
                 sqlx::query(
-                    "UPDATE webhook_deliveries SET attempts = $2, status = $3, \
+                    "UPDATE webhook_deliveries SET status = $3, \
                      next_attempt_ms = COALESCE($4, next_attempt_ms), locked_by = NULL, \
                      locked_until_ms = NULL, last_status_code = $5, last_error = $6, \
-                     finished_ms = $7 WHERE id = $1 AND status = 'pending'",
+                     finished_ms = $7 WHERE id = $1 AND status = 'pending' \
+                     AND (attempts = $2 OR $3 = 'delivered')",
                 )
                 .bind(delivery_id)
                 .bind(i64::from(attempt.attempt))
@@ -238,7 +300,8 @@ macro_rules! impl_webhook_store {
             async fn webhook_deliveries(&self, run_id: RunId) -> StoreResult<Vec<WebhookDelivery>> {
                 let rows: Vec<DeliveryRow> = sqlx::query_as(
                     "SELECT id, run_id, event_type, url, status, created_ms, next_attempt_ms, \
-                     finished_ms FROM webhook_deliveries WHERE run_id = $1 ORDER BY id",
+                     finished_ms, attempts, locked_until_ms FROM webhook_deliveries \
+                     WHERE run_id = $1 ORDER BY id",
                 )
                 .bind(run_id.0)
                 .fetch_all(&self.pool)
@@ -254,7 +317,7 @@ macro_rules! impl_webhook_store {
                 .bind(run_id.0)
                 .fetch_all(&self.pool)
                 .await?;
-                deliveries(rows, attempts)
+                deliveries(rows, attempts, Utc::now().timestamp_millis())
             }
         }
 
