@@ -440,32 +440,40 @@ impl Runtime {
             .map_err(CreateRunError::Store)
     }
 
-    /// Refuses a session's default `instructions` that no run taking them could send: a run
-    /// of the session with a one-word input and no tools, resolved as `POST /runs` resolves it
-    /// (its model and `max_output_tokens` from the defaults or their agent), goes through the
-    /// run's own input check ([`super::compaction::check_input`]). Defaults that name no model
-    /// leave the check to each run.
+    /// Refuses session defaults that no run taking them could send: a run of the session with
+    /// a one-word input, resolved as `POST /runs` resolves it (its model, `max_output_tokens`
+    /// and tools from the defaults or their agent), must pass the run's own checks: its
+    /// parameters against the model's, and its instructions with the tool definitions every
+    /// request carries through the run's input check ([`super::compaction::check_input`]).
+    /// Defaults that name no model leave the check to each run.
     ///
     /// # Errors
+    /// [`CreateRunError::InvalidField`] (`defaults`, naming the parameter),
     /// [`CreateRunError::InstructionsTooLarge`].
     async fn check_default_instructions(&self, session: &Session) -> Result<(), CreateRunError> {
+        let probe = CreateRunRequest {
+            input: Some("x".into()),
+            ..CreateRunRequest::default()
+        };
+        let resolved = match self.resolve(&probe, Some(session)) {
+            Ok(resolved) => resolved,
+            // A parameter out of the model's range (`max_output_tokens` above its own) would
+            // refuse every run of the session.
+            Err(CreateRunError::InvalidField { field, reason }) => {
+                return Err(CreateRunError::InvalidField {
+                    field: "defaults",
+                    reason: format!("`{field}` {reason}"),
+                });
+            }
+            // Defaults that do not resolve to a model are checked by each run instead.
+            Err(_) => return Ok(()),
+        };
         let Some(instructions) = session
             .defaults
             .instructions
             .clone()
             .filter(|i| !i.is_empty())
         else {
-            return Ok(());
-        };
-        // Resolved with the tools its runs would take (an agent's `approval` names some), then
-        // checked without them: a run may offer none.
-        let probe = CreateRunRequest {
-            input: Some("x".into()),
-            ..CreateRunRequest::default()
-        };
-        // A session whose defaults do not resolve to a model (or not yet to a valid run) is
-        // checked by each run instead.
-        let Ok(resolved) = self.resolve(&probe, Some(session)) else {
             return Ok(());
         };
         let max_output = resolved
@@ -492,7 +500,7 @@ impl Runtime {
         super::compaction::check_input(
             input,
             Some(instructions),
-            Vec::new(),
+            tool_specs_of(self, resolved.request.tools.as_deref()),
             &model,
             super::compaction::Window::of(resolved.model, max_output),
         )

@@ -139,14 +139,14 @@ pub enum CreateRunError {
         field: &'static str,
     },
     /// A session's default `instructions` (`POST /sessions`), in a request with a one-word
-    /// input and no tools, do not fit the context window of the model its defaults name less
-    /// the answer's `max_output_tokens` (the bound of [`CreateRunError::InputTooLarge`]): no
-    /// run taking them could be sent.
+    /// input and the tools a run taking the defaults offers, do not fit the context window of
+    /// the model its defaults name less the answer's `max_output_tokens` (the bound of
+    /// [`CreateRunError::InputTooLarge`]): no run taking them could be sent.
     #[error(
         "the session's default instructions (about {estimated} tokens in a request with a \
-         one-word input and no tools) do not fit the context window of model `{model}`: a \
-         request may hold at most {limit} tokens (its context_window less the answer's \
-         max_output_tokens); shorten `defaults.instructions`"
+         one-word input and the tools its runs offer) do not fit the context window of model \
+         `{model}`: a request may hold at most {limit} tokens (its context_window less the \
+         answer's max_output_tokens); shorten `defaults.instructions`"
     )]
     InstructionsTooLarge {
         /// The model the session's defaults name.

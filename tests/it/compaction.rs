@@ -1687,6 +1687,56 @@ async fn session_defaults_that_cannot_fit_are_refused_at_create(backend: Backend
         sent,
         "the refused run sent nothing"
     );
+    // A default `max_output_tokens` above the model's would refuse every run: refused here.
+    let above = post(
+        json!({"defaults": {"provider": "fake", "model": "fake-model",
+                                         "parameters": {"max_output_tokens": MAX_OUTPUT + 1}}}),
+    )
+    .await;
+    assert_eq!(above.status(), 422);
+    let problem: Value = above.json().await.unwrap();
+    assert_eq!(problem["code"], "invalid_field", "{problem}");
+    assert_eq!(problem["field"], "defaults", "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("max_output_tokens"),
+        "{problem}"
+    );
+    // The longest default instructions accepted leave room for the tool definitions every
+    // run of the session offers: a run taking them with a one-word input is accepted.
+    let session_of = |words: usize| {
+        post(
+            json!({"defaults": {"provider": "fake", "model": "fake-model",
+                                 "instructions": "word ".repeat(words)}}),
+        )
+    };
+    let (mut fits, mut too_long) = (50_usize, 7_000_usize);
+    while too_long - fits > 1 {
+        let words = usize::midpoint(fits, too_long);
+        let response = session_of(words).await;
+        match response.status().as_u16() {
+            201 => fits = words,
+            422 => too_long = words,
+            other => panic!("POST /sessions answered {other}"),
+        }
+    }
+    let session: Value = session_of(fits).await.json().await.unwrap();
+    let run = server
+        .client
+        .post(server.url("/runs"))
+        .json(&json!({"session_id": session["id"], "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    let status = run.status();
+    assert_eq!(
+        status,
+        202,
+        "{fits} words of instructions: {}",
+        run.text().await.unwrap()
+    );
     server.stop().await;
 }
 
