@@ -144,8 +144,9 @@ impl ApiError {
     }
 
     /// Names `to` as the offending field where this error names `from` or a field inside it
-    /// (`from.…`, `from[…]`): for a route whose body says in `to` what the run's create
-    /// request says in `from` (`/chat`'s and `/ag-ui`'s `messages` are a run's `input`).
+    /// (`from.…`, `from[…]`), in `field` and where the detail quotes it (`` `from` ``): for a
+    /// route whose body says in `to` what the run's create request says in `from` (`/chat`'s
+    /// and `/ag-ui`'s `messages` are a run's `input`).
     #[must_use]
     pub fn field_renamed(mut self, from: &str, to: &str) -> Self {
         let inside = |field: &str| {
@@ -156,6 +157,10 @@ impl ApiError {
         };
         if self.0.field.as_deref().is_some_and(inside) {
             self.0.field = Some(to.to_owned());
+            self.0.detail = self
+                .0
+                .detail
+                .replace(&format!("`{from}`"), &format!("`{to}`"));
         }
         self
     }
@@ -177,9 +182,10 @@ impl ApiError {
 
     /// 400 `invalid_cursor` for a cursor beyond the last event the run has logged: events are
     /// published only once stored, so no client received that sequence (a stream from there
-    /// would wait in silence and miss the terminal event).
+    /// would wait in silence and miss the terminal event). `cursor` as the client sent it
+    /// (`N`, or `N.j` in the projected formats).
     #[must_use]
-    pub fn cursor_ahead(cursor: u64, last: u64) -> Self {
+    pub fn cursor_ahead(cursor: impl std::fmt::Display, last: u64) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
             "invalid_cursor",

@@ -286,6 +286,14 @@ async fn chat_keeps_the_client_id(backend: Backend) {
         assert_eq!(answer.status, status, "{body}: {}", answer.problem);
         assert_eq!(answer.problem["code"], code, "{body}: {}", answer.problem);
         assert_eq!(answer.problem["field"].as_str(), field, "{body}");
+        if let Some(field) = field {
+            // The detail asks to shorten the field the body has, not the run's name for it.
+            let detail = answer.problem["detail"].as_str().unwrap();
+            assert!(
+                !detail.contains("`input`") || field == "input",
+                "{field}: {detail}"
+            );
+        }
         assert_eq!(
             answer.header("content-type"),
             Some("application/problem+json")

@@ -201,9 +201,10 @@ async fn a_cursor_past_the_end_of_a_live_run_is_refused(backend: Backend) {
         assert_eq!(response.status(), 400, "{format} {cursor}");
         let problem: serde_json::Value = response.json().await.unwrap();
         assert_eq!(problem["code"], "invalid_cursor", "{problem}");
+        let detail = problem["detail"].as_str().unwrap();
         assert!(
-            problem["detail"].as_str().unwrap().contains("beyond"),
-            "{problem}"
+            detail.contains(&format!("the cursor {cursor} is beyond")),
+            "the cursor as sent: {problem}"
         );
     }
     // Sequence 5 exists once the run has logged it: until then it too is ahead (400).

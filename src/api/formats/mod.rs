@@ -444,7 +444,7 @@ pub async fn respond(
                 return Ok(StatusCode::NO_CONTENT.into_response());
             }
         } else if cursor.sequence > last {
-            return Err(ApiError::cursor_ahead(cursor.sequence, last));
+            return Err(ApiError::cursor_ahead(cursor, last));
         }
     }
     let permit = state.limits.open_watcher(caller)?;
