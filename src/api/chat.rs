@@ -420,7 +420,8 @@ fn run_id_headers(response: &mut Response, run_id: RunId) {
 /// the answers in the assistant message's tool parts (`addToolOutput`,
 /// `addToolApprovalResponse`, then `sendAutomaticallyWhen`), they are recorded and the answer
 /// is the stream of the run's continuation. Posting the same answers again streams that
-/// continuation again. `regenerate-message` has no behest equivalent (409).
+/// continuation again, and posting the same user message again (same id and text) streams its
+/// run again from the start. `regenerate-message` has no behest equivalent (409).
 #[utoipa::path(post, path = "/chat", tag = "frontends",
     params(ChatQuery),
     request_body(content = ChatRequest, description = "`DefaultChatTransport`'s body and the transport's `body` keys (POST /runs fields)"),
@@ -505,6 +506,14 @@ pub async fn send_chat_message(
                     ));
                 }
                 fields.session_id = Some(session.id.to_string());
+                if fields.client_request_id.is_none()
+                    && !headers.contains_key("idempotency-key")
+                    && !last.id.is_empty()
+                {
+                    // A retry of this message (a post whose answer was lost) is this run
+                    // again, streamed from its start, not a second turn.
+                    fields.client_request_id = Some(message_key(&session, &last.id, &text));
+                }
                 fields.input = Some(crate::domain::RunInput::Text(text));
                 let permit = state.limits.open_watcher(caller)?;
                 let created = runs::start_run(&state, caller, &headers, fields)
@@ -545,6 +554,20 @@ pub async fn send_chat_message(
         forget_new_session(&state, &session).await;
     }
     answered
+}
+
+/// The idempotency key of the run a chat's user message starts: `chat:<session id>:` and 32 hex
+/// digits of the SHA-256 of the message's id and text, so the same message posted again
+/// (`DefaultChatTransport` gives each message its own id) finds its run, and a client that
+/// reuses an id for another text starts a new one.
+fn message_key(session: &Session, message_id: &str, text: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("{message_id}\n{text}"));
+    let mut key = format!("chat:{}:", session.id);
+    for byte in &digest[..16] {
+        let _ = std::fmt::Write::write_fmt(&mut key, format_args!("{byte:02x}"));
+    }
+    key
 }
 
 /// Deletes a session this request created for a client's id when the request then failed

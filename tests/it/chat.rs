@@ -174,6 +174,19 @@ async fn chat_keeps_the_client_id(backend: Backend) {
         .unwrap_or_default();
     assert_eq!(streamed, stored, "the streamed text is the run's output");
 
+    // The same message posted again (a retry after a lost answer) is the same run, streamed
+    // again from its start: no second turn.
+    let retried = post(
+        &server,
+        "/chat",
+        &json!({"id": CHAT_ID, "messages": [user("Hello there")], "trigger": "submit-message",
+                "provider": "demo", "model": "demo"}),
+    )
+    .await;
+    assert_eq!(retried.status, 200, "{}", retried.problem);
+    assert_eq!(retried.header("x-run-id"), Some(run_id.as_str()));
+    assert_eq!(retried.frames, first.frames, "the same stream again");
+
     let second = post(
         &server,
         "/chat",
