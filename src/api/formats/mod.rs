@@ -48,7 +48,7 @@ use shared::Watcher;
 use super::auth::Caller;
 use super::limits::WatcherPermit;
 use super::{ApiError, AppState, sse};
-use crate::domain::{PendingKind, RunId, RunRecord, RunTool};
+use crate::domain::{PendingKind, RunId, RunRecord, RunTool, SessionId};
 use crate::events::{AgentEvent, CallNames, EventPayload};
 use crate::tools::ToolRegistry;
 
@@ -105,14 +105,20 @@ pub use crate::events::{split_tool_call_id, tool_call_id};
 /// across the server), and AG-UI frames carry the runId as `runId`.
 pub const AG_UI_RUN_PREFIX: &str = "ag-ui:";
 
-/// The client's AG-UI runId in a run's `client_request_id` (see [`AG_UI_RUN_PREFIX`]).
+/// The client's AG-UI runId in the `client_request_id` of a run of session `session_id` (see
+/// [`AG_UI_RUN_PREFIX`]); `None` when the key names another session (a key a client wrote
+/// through `POST /runs` does not rename its run).
 #[must_use]
-pub fn ag_ui_run_id(client_request_id: &str) -> Option<&str> {
+pub fn ag_ui_run_id(client_request_id: &str, session_id: SessionId) -> Option<&str> {
     let rest = client_request_id.strip_prefix(AG_UI_RUN_PREFIX)?;
-    let id = rest
-        .split_once(':')
-        .filter(|(thread, _)| thread.parse::<uuid::Uuid>().is_ok())
-        .map_or(rest, |(_, id)| id);
+    let id = match rest.split_once(':') {
+        Some((thread, id)) => match thread.parse::<SessionId>() {
+            Ok(thread) if thread == session_id => id,
+            Ok(_) => return None,
+            Err(_) => rest,
+        },
+        None => rest,
+    };
     (!id.is_empty()).then_some(id)
 }
 
@@ -163,7 +169,7 @@ impl RunContext {
         let ag_ui_run_id = record
             .client_request_id
             .as_deref()
-            .and_then(ag_ui_run_id)
+            .and_then(|key| ag_ui_run_id(key, record.session_id))
             .map_or_else(|| record.id.to_string(), str::to_owned);
         Self {
             run_id: record.id,

@@ -811,6 +811,12 @@ fn the_ag_ui_run_id_of_a_run_started_through_ag_ui_is_the_clients() {
         RunContext::new(&record, &tools).ag_ui_run_id,
         record.id.to_string()
     );
+    // A key naming another session (written through POST /runs) does not rename the run.
+    record.client_request_id = Some(format!("{AG_UI_RUN_PREFIX}{}:spoofed", SessionId::new()));
+    assert_eq!(
+        RunContext::new(&record, &tools).ag_ui_run_id,
+        record.id.to_string()
+    );
 }
 
 /// A run with an `output_schema` completes with its answer parsed: the AI SDK's `finish`
