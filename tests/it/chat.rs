@@ -138,13 +138,9 @@ async fn chat_keeps_the_client_id(backend: Backend) {
     let Some((db, server)) = demo_server(backend, "chat-text").await else {
         return;
     };
-    let first = post(
-        &server,
-        "/chat",
-        &json!({"id": CHAT_ID, "messages": [user("Hello there")], "trigger": "submit-message",
-                "provider": "demo", "model": "demo"}),
-    )
-    .await;
+    let hello = json!({"id": CHAT_ID, "messages": [user("Hello there")],
+                       "trigger": "submit-message", "provider": "demo", "model": "demo"});
+    let first = post(&server, "/chat", &hello).await;
     assert_eq!(first.status, 200, "{}", first.problem);
     assert_eq!(first.header("x-vercel-ai-ui-message-stream"), Some("v1"));
     let run_id = first.header("x-run-id").expect("X-Run-Id").to_owned();
@@ -176,13 +172,7 @@ async fn chat_keeps_the_client_id(backend: Backend) {
 
     // The same message posted again (a retry after a lost answer) is the same run, streamed
     // again from its start: no second turn.
-    let retried = post(
-        &server,
-        "/chat",
-        &json!({"id": CHAT_ID, "messages": [user("Hello there")], "trigger": "submit-message",
-                "provider": "demo", "model": "demo"}),
-    )
-    .await;
+    let retried = post(&server, "/chat", &hello).await;
     assert_eq!(retried.status, 200, "{}", retried.problem);
     assert_eq!(retried.header("x-run-id"), Some(run_id.as_str()));
     assert_eq!(retried.frames, first.frames, "the same stream again");
