@@ -149,6 +149,12 @@ def capture(port, out):
         "overflow.400.json": {"messages": [{"role": "user", "content": long_text}],
                               "max_tokens": 16, "stream": False},
     }
+    record_cases(port, cases, out)
+
+
+def record_cases(port, cases, out):
+    """Posts each case's body (as model `smollm2`, temperature 0, seed 1) and writes the answer's
+    bytes to `out/<name>` and the request to `out/<name>.request.json`."""
     for name, body in cases.items():
         body = dict(body, model="smollm2", temperature=0, seed=1)
         accept = "text/event-stream" if body.get("stream") else "application/json"
@@ -207,15 +213,7 @@ def capture_llama_server(binary, gguf, out, template=None):
             props = json.loads(resp.read())
         print(f"llama-server build {props.get('build_info')}, "
               f"n_ctx {props.get('default_generation_settings', {}).get('n_ctx')}")
-        for name, body in cases.items():
-            body = dict(body, model="smollm2", temperature=0, seed=1)
-            accept = "text/event-stream" if body.get("stream") else "application/json"
-            status, headers, raw = raw_post(port, body, accept)
-            with open(os.path.join(out, name), "wb") as f:
-                f.write(raw)
-            with open(os.path.join(out, name + ".request.json"), "w") as f:
-                json.dump(body, f, indent=1)
-            print(f"{name}: HTTP {status} {headers.get('content-type')} {len(raw)} bytes")
+        record_cases(port, cases, out)
         # The cut stream: a long answer, the server killed once three content chunks arrived.
         body = {"messages": [{"role": "user", "content": "Count from 1 to 100, in words."}],
                 "max_tokens": 200, "stream": True, "stream_options": usage,

@@ -1580,16 +1580,7 @@ async fn a_request_that_cannot_fit_is_refused_at_create(backend: Backend) {
         let mut body = body;
         body["provider"] = json!("fake");
         body["model"] = json!("fake-model");
-        let refused = server
-            .client
-            .post(server.url("/runs"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(refused.status(), 422);
-        let problem: Value = refused.json().await.unwrap();
-        assert_eq!(problem["code"], "input_too_large", "{problem}");
+        let problem = server.refused("/runs", &body, 422, "input_too_large").await;
         assert_eq!(problem["field"], field, "{problem}");
         assert!(
             problem["detail"].as_str().unwrap().contains("fake-model"),
@@ -1635,14 +1626,11 @@ async fn session_defaults_that_cannot_fit_are_refused_at_create(backend: Backend
         async move { request.send().await.unwrap() }
     };
     let long = "word ".repeat(7_000);
-    let refused = post(
-        json!({"defaults": {"provider": "fake", "model": "fake-model",
-                                           "instructions": long}}),
-    )
-    .await;
-    assert_eq!(refused.status(), 422);
-    let problem: Value = refused.json().await.unwrap();
-    assert_eq!(problem["code"], "input_too_large", "{problem}");
+    let too_long = json!({"defaults": {"provider": "fake", "model": "fake-model",
+                                       "instructions": long}});
+    let problem = server
+        .refused("/sessions", &too_long, 422, "input_too_large")
+        .await;
     assert_eq!(problem["field"], "defaults.instructions", "{problem}");
     let detail = problem["detail"].as_str().unwrap();
     assert!(detail.contains("fake-model"), "{problem}");
@@ -1670,17 +1658,9 @@ async fn session_defaults_that_cannot_fit_are_refused_at_create(backend: Backend
     let unbound = post(json!({"defaults": {"instructions": long}})).await;
     assert_eq!(unbound.status(), 201);
     let session: Value = unbound.json().await.unwrap();
-    let refused = server
-        .client
-        .post(server.url("/runs"))
-        .json(&json!({"session_id": session["id"], "input": "Hello.",
-                      "provider": "fake", "model": "fake-model"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), 422);
-    let problem: Value = refused.json().await.unwrap();
-    assert_eq!(problem["code"], "input_too_large", "{problem}");
+    let body = json!({"session_id": session["id"], "input": "Hello.",
+                      "provider": "fake", "model": "fake-model"});
+    let problem = server.refused("/runs", &body, 422, "input_too_large").await;
     assert_eq!(problem["field"], "instructions", "{problem}");
     assert_eq!(
         model_requests(&fake).len(),
@@ -1688,14 +1668,11 @@ async fn session_defaults_that_cannot_fit_are_refused_at_create(backend: Backend
         "the refused run sent nothing"
     );
     // A default `max_output_tokens` above the model's would refuse every run: refused here.
-    let above = post(
-        json!({"defaults": {"provider": "fake", "model": "fake-model",
-                                         "parameters": {"max_output_tokens": MAX_OUTPUT + 1}}}),
-    )
-    .await;
-    assert_eq!(above.status(), 422);
-    let problem: Value = above.json().await.unwrap();
-    assert_eq!(problem["code"], "invalid_field", "{problem}");
+    let above = json!({"defaults": {"provider": "fake", "model": "fake-model",
+                                    "parameters": {"max_output_tokens": MAX_OUTPUT + 1}}});
+    let problem = server
+        .refused("/sessions", &above, 422, "invalid_field")
+        .await;
     assert_eq!(problem["field"], "defaults", "{problem}");
     assert!(
         problem["detail"]

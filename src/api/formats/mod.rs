@@ -304,7 +304,6 @@ pub struct Renderer<P: Projection> {
     after: Option<Cursor>,
     /// The prelude to send before the next frame, once the cursor is reached.
     prelude: Option<Vec<P::Frame>>,
-    terminal: bool,
 }
 
 impl<P: Projection> Renderer<P> {
@@ -314,7 +313,6 @@ impl<P: Projection> Renderer<P> {
             projection,
             after: after.filter(|cursor| *cursor != Cursor::after(0)),
             prelude: None,
-            terminal: false,
         }
     }
 
@@ -325,14 +323,7 @@ impl<P: Projection> Renderer<P> {
             projection,
             after: Some(Cursor::after(through)),
             prelude: Some(Vec::new()),
-            terminal: false,
         }
-    }
-
-    /// True once the run's terminal event was folded.
-    #[must_use]
-    pub fn terminal(&self) -> bool {
-        self.terminal
     }
 
     /// True once the cursor is behind and the prelude sent: from here on this renders what a
@@ -358,7 +349,6 @@ impl<P: Projection> Renderer<P> {
             .is_some_and(|cursor| cursor.sequence == event.sequence && cursor.frame.is_some());
         let before = at_cursor.then(|| self.projection.clone());
         let frames = self.projection.frames(event);
-        self.terminal |= event.is_terminal();
         let count = frames.len();
         let seen = self
             .after

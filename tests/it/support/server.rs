@@ -126,6 +126,21 @@ impl TestServer {
         response.json().await.expect("JSON")
     }
 
+    /// `POST path` with `body`, answered `status` with a problem of `code`; returns the problem.
+    pub async fn refused(&self, path: &str, body: &Value, status: u16, code: &str) -> Value {
+        let response = self
+            .client
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(response.status(), status, "POST {path} {body}");
+        let problem: Value = response.json().await.expect("JSON");
+        assert_eq!(problem["code"], code, "{problem}");
+        problem
+    }
+
     /// Starts a run with input `input` on the `fake` provider; returns its id.
     pub async fn start_run(&self, input: &str, session_id: Option<&str>) -> String {
         let mut body =
