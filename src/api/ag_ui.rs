@@ -237,7 +237,7 @@ fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswe
         (status = 409, description = "`session_busy` (the thread has a run in progress, `run_id`); `run_not_waiting` (the input answers calls its run does not wait for); `action_conflict` (answers that differ from those an earlier post recorded for the same call: `detail` names it); `idempotency_key_reused` (this `runId` started a different run)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 212 visible ASCII characters; no user message to start a run from and no waiting run; a tool definition or a `forwardedProps` field as `POST /runs` refuses it); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 212 visible ASCII characters; no user message to start a run from and no waiting run; a tool definition or a `forwardedProps` field as `POST /runs` refuses it); `input_too_large` (the last user message with the run's instructions, `context` appended to them, and tool definitions does not fit the model's window less the answer: `field` is `messages`, `context` when it was sent, else `instructions`, or `tools`; nothing is stored); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 503, description = "`shutting_down`; `too_many_watchers`", body = Problem, content_type = "application/problem+json",
@@ -369,7 +369,8 @@ async fn agent_answer(
         }
         fields.tools = Some(tools);
     }
-    if !input.context.is_empty() {
+    let with_context = !input.context.is_empty();
+    if with_context {
         let base = fields
             .instructions
             .clone()
@@ -390,9 +391,15 @@ async fn agent_answer(
     let created = runs::start_run(state, caller, headers, fields)
         .await
         .map_err(|error| {
-            error
+            let error = error
                 .field_renamed("input", "messages")
-                .field_renamed("client_request_id", "runId")
+                .field_renamed("client_request_id", "runId");
+            // The instructions a run refuses are the client's `context` appended to them.
+            if with_context {
+                error.field_renamed("instructions", "context")
+            } else {
+                error
+            }
         })?;
     let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit).await?;
     run_id_header(&mut response, &created.record.id.to_string());

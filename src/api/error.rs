@@ -136,7 +136,12 @@ impl ApiError {
         )
     }
 
-    /// Names the offending field.
+    /// The field this error names, if any.
+    pub fn field_name(&self) -> Option<&str> {
+        self.0.field.as_deref()
+    }
+
+    /// Names the offending field (its path in the request body, e.g. `defaults.model`).
     #[must_use]
     pub fn field(mut self, field: &str) -> Self {
         self.0.field = Some(clip(field.to_owned(), MAX_FIELD_BYTES));

@@ -68,13 +68,27 @@ impl Body for UpdateSessionRequest {
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`external_id_taken`: another session has this `external_id`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field` (`title` over 1000 bytes, `metadata` not an object or over 16384 bytes, a parameter out of range or above the model's own (`max_output_tokens`, `field: defaults`), a NUL character, blank `instructions`, a `model` without its `provider`, `external_id` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~` or `.`/`..`), `input_too_large` (`defaults.instructions` that no run could send: with a one-word input and the tools such a run offers, over the context window less the answer's `max_output_tokens` of the model the defaults or their agent name; nothing is stored), `unknown_agent`, `unknown_provider`, `unknown_model`, `invalid_body`; `field` names the field", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`title` over 1000 bytes, `metadata` not an object or over 16384 bytes, a parameter out of range or above the model's own (`max_output_tokens`, `field: defaults`), a NUL character, blank `instructions`, a `model` without its `provider`, `external_id` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~` or `.`/`..`), `input_too_large` (`defaults.instructions` that no run could send: with a one-word input and the tools such a run offers, over the context window less the answer's `max_output_tokens` of the model the defaults or their agent name; nothing is stored), `unknown_agent`, `unknown_provider`, `unknown_model` (`field`: `defaults.agent`, `defaults.provider`, `defaults.model`), `invalid_body`; `field` names the field", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_session(
     State(state): State<AppState>,
     Json(request): Json<CreateSessionRequest>,
 ) -> Result<Response, ApiError> {
-    let session = state.runtime.create_session(request).await?;
+    let session = state
+        .runtime
+        .create_session(request)
+        .await
+        .map_err(|error| {
+            // A name the server does not know is a field of the defaults, as the body says it.
+            let error = ApiError::from(error);
+            match error.field_name() {
+                Some(field @ ("agent" | "provider" | "model")) => {
+                    let field = format!("defaults.{field}");
+                    error.field(&field)
+                }
+                _ => error,
+            }
+        })?;
     let location = format!("/sessions/{}", session.id);
     Ok((
         StatusCode::CREATED,

@@ -417,11 +417,71 @@ pub enum ActionAnswer {
     },
 }
 
+impl ActionAnswer {
+    /// Whether `other` gives the same answer: equal but for how JSON numbers are spelled
+    /// (`1`, `1.0` and `1e0` are one number), so that a client that re-serializes a retried
+    /// output is not taken to answer otherwise.
+    pub fn same_as(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Output(a), Self::Output(b)) => same_json(a, b),
+            _ => self == other,
+        }
+    }
+}
+
+/// JSON equality with numbers compared by value (RFC 8259 §6 leaves their spelling free).
+fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(a), Value::Number(b)) => match (a.as_i128(), b.as_i128()) {
+            (Some(a), Some(b)) => a == b,
+            _ => a.as_f64() == b.as_f64(),
+        },
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_json(a, b))
+        }
+        (Value::Object(a), Value::Object(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .all(|(key, a)| b.get(key).is_some_and(|b| same_json(a, b)))
+        }
+        _ => a == b,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::panic, reason = "tests")]
 
     use super::*;
+
+    #[test]
+    fn an_answer_is_the_same_whatever_its_numbers_spelling() {
+        let parse = |text: &str| ActionAnswer::Output(serde_json::from_str(text).unwrap());
+        let same = [
+            (
+                r#"{"a":1,"b":[2,{"c":-3}]}"#,
+                r#"{"b":[2.0,{"c":-3e0}],"a":1.0}"#,
+            ),
+            ("0.5", "5e-1"),
+            (r#""x""#, r#""x""#),
+        ];
+        for (a, b) in same {
+            assert!(parse(a).same_as(&parse(b)), "{a} ~ {b}");
+        }
+        let other = [
+            (r#"{"a":1}"#, r#"{"a":1.5}"#),
+            (r#"{"a":1}"#, r#"{"a":"1"}"#),
+            (r#"{"a":1}"#, r#"{"a":1,"b":null}"#),
+            ("[1,2]", "[2,1]"),
+            ("[1]", "[1,1]"),
+            ("9007199254740993", "9007199254740992"),
+        ];
+        for (a, b) in other {
+            assert!(!parse(a).same_as(&parse(b)), "{a} !~ {b}");
+        }
+        assert!(!parse("1").same_as(&ActionAnswer::Error("1".into())));
+    }
 
     #[test]
     fn parameters_are_checked_and_merged() {

@@ -1122,7 +1122,7 @@ impl Runtime {
             }
             let otherwise = posted
                 .iter()
-                .find(|a| before(&a.call_id) != Some(&a.answer))
+                .find(|a| !before(&a.call_id).is_some_and(|before| before.same_as(&a.answer)))
                 .map(|a| a.call_id.clone())
                 .or_else(|| {
                     recorded
@@ -1253,7 +1253,8 @@ impl Runtime {
                 let recorded = self.store.action_answers(run_id, action.message_id).await?;
                 if let Some(call_id) = rows.iter().find_map(|(call_id, answer)| {
                     let before = recorded.iter().find(|(id, _)| id == call_id);
-                    (before.map(|(_, before)| before) != Some(answer)).then(|| call_id.clone())
+                    (!before.is_some_and(|(_, before)| before.same_as(answer)))
+                        .then(|| call_id.clone())
                 }) {
                     return Err(AnswerError::Conflict(call_id));
                 }

@@ -1653,17 +1653,17 @@ async fn every_field_is_validated(backend: Backend) {
         (
             json!({"defaults": {"agent": "nobody"}}),
             "unknown_agent",
-            "agent",
+            "defaults.agent",
         ),
         (
             json!({"defaults": {"provider": "nope"}}),
             "unknown_provider",
-            "provider",
+            "defaults.provider",
         ),
         (
             json!({"defaults": {"provider": "fake", "model": "nope"}}),
             "unknown_model",
-            "model",
+            "defaults.model",
         ),
         (
             json!({"defaults": {"parameters": {"temperature": 9}}}),

@@ -86,3 +86,34 @@ async fn frontend_body_errors_name_the_field() {
     }
     server.stop().await;
 }
+
+/// `POST /ag-ui` whose `context`, appended to the run's instructions, does not fit the model's
+/// window: 422 `input_too_large` naming `context` (what the client sent), not `instructions`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ag_ui_context_too_large_names_context() {
+    let Some(server) = TestServer::start(Backend::Sqlite, config_for("http://127.0.0.1:9")).await
+    else {
+        return;
+    };
+    let thread = json!({"id": "u1", "role": "user", "content": "Hi"});
+    // About 175,000 tokens of words against a window of 128,000, under the 1 MiB body limit.
+    let value = "lorem ipsum dolor sit amet ".repeat(35_000);
+    let body = json!({"threadId": uuid::Uuid::new_v4().to_string(), "runId": "r1",
+                      "messages": [thread], "tools": [], "state": {},
+                      "context": [{"description": "notes", "value": value}],
+                      "forwardedProps": {"provider": "fake", "model": "fake-model"}});
+    let (status, problem) = post(&server, "/ag-ui", &body).await;
+    assert_eq!(
+        (status, problem["code"].as_str(), problem["field"].as_str()),
+        (422, Some("input_too_large"), Some("context")),
+        "{problem}"
+    );
+    assert!(
+        !problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("`instructions`"),
+        "{problem}"
+    );
+    server.stop().await;
+}
