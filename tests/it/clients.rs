@@ -390,7 +390,9 @@ fn findings(report: &str) -> String {
     }
 }
 
-/// The spec with `?format=` of the run event routes narrowed to `behest`: the other
+/// The spec with `?format=` of the run event routes narrowed to `behest` (or empty, which is
+/// `behest` as well: narrowed to `behest` alone, an empty value is invalid input the server
+/// accepts, ST201): the other
 /// renderings' frames are no `AgentEvent` (they are checked with the AI SDK's and AG-UI's own
 /// readers in tests/it/frontends.rs), and schemathesis's fuzzing draws from the documented
 /// enum whatever the configuration's dictionary says.
@@ -404,7 +406,9 @@ fn behest_format_only(mut spec: serde_json::Value) -> serde_json::Value {
         {
             for parameter in operation["parameters"].as_array_mut().into_iter().flatten() {
                 if parameter["name"] == "format" && parameter["in"] == "query" {
-                    parameter["schema"] = serde_json::json!({"type": "string", "enum": ["behest"]});
+                    // Empty is behest's format too, as the spec's pattern says.
+                    parameter["schema"] =
+                        serde_json::json!({"type": "string", "enum": ["behest", ""]});
                     narrowed += 1;
                 }
             }

@@ -599,9 +599,11 @@ impl<P: Projection> Pump<P> {
                         continue;
                     }
                     Ok(None) => {
-                        // Fell behind the shared rendering: fold the log again from its start.
-                        tracing::debug!(run_id = %self.run_id, sequence = frame.sequence, "projected watcher folds its run again");
-                        self.events = self.runtime.watch(self.run_id, 0).boxed();
+                        // Fell behind the shared rendering: fold the log again from the
+                        // latest projection it keeps before this event.
+                        let from = self.watcher.from();
+                        tracing::debug!(run_id = %self.run_id, sequence = frame.sequence, from, "projected watcher folds its run again");
+                        self.events = self.runtime.watch(self.run_id, from).boxed();
                         continue;
                     }
                     Err(error) => Abort::Store(error.to_string()),
@@ -633,9 +635,10 @@ fn pump<P: Projection>(
 where
     P::Frame: Send,
 {
+    let watcher = Watcher::new(shared, after);
     let pump = Pump {
-        events: state.runtime.watch(run_id, 0).boxed(),
-        watcher: Watcher::new(shared, after),
+        events: state.runtime.watch(run_id, watcher.from()).boxed(),
+        watcher,
         runtime: state.runtime.clone(),
         terminal: false,
         out: VecDeque::new(),

@@ -9,7 +9,13 @@
 //! fold over when the shared rendering is behind it. A joined watcher that falls further
 //! behind than the shared rendering keeps frames ([`RECENT`] events, [`RECENT_BYTES`] bytes)
 //! folds the log again on its own ([`Watcher::render`] answers `None`: the caller re-reads the
-//! log from the start).
+//! log after [`Watcher::from`]).
+//!
+//! Folding again need not start at the log's first event: the shared rendering keeps its
+//! projection as it was after every [`CHECKPOINT_EVERY`]th event (the latest
+//! [`CHECKPOINTS`] of them), and a watcher that falls behind, or resumes, starts from the latest
+//! one before the events it must render. On a long run a stalled client then re-reads at most
+//! about `CHECKPOINT_EVERY` events more than its gap, not the whole log.
 //!
 //! A shared rendering lives as long as one of its watchers does ([`Renderings`] holds it
 //! weakly).
@@ -31,6 +37,13 @@ pub(super) const RECENT: usize = 1024;
 /// ...and at most this many bytes of them (large tool results would otherwise keep up to
 /// [`RECENT`] times their size), though always the latest event's.
 pub(super) const RECENT_BYTES: usize = 4 << 20;
+
+/// A shared rendering keeps its projection after each event whose sequence is a multiple of
+/// this...
+pub(super) const CHECKPOINT_EVERY: u64 = 1024;
+
+/// ...the latest this many of them (a watcher further behind folds from the log's start).
+pub(super) const CHECKPOINTS: usize = 4;
 
 /// This process's shared renderings, by run and format, each kept while it has a watcher.
 #[derive(Debug, Default)]
@@ -109,6 +122,9 @@ pub(super) struct Shared<P: Projection> {
     recent: VecDeque<Arc<Rendered>>,
     /// The bytes of the frames in `recent`.
     recent_bytes: usize,
+    /// The projection after event `k`, for the latest [`CHECKPOINTS`] multiples `k` of
+    /// [`CHECKPOINT_EVERY`] this fold passed, oldest first.
+    checkpoints: VecDeque<(u64, P)>,
 }
 
 impl<P: Projection> Shared<P> {
@@ -119,7 +135,18 @@ impl<P: Projection> Shared<P> {
             last: 0,
             recent: VecDeque::new(),
             recent_bytes: 0,
+            checkpoints: VecDeque::new(),
         }
+    }
+
+    /// The latest projection kept after an event at or before `through`, and that event's
+    /// sequence: a fold from it given the log after that event is the fold from the start.
+    fn checkpoint(&self, through: u64) -> (u64, P) {
+        self.checkpoints
+            .iter()
+            .rev()
+            .find(|(sequence, _)| *sequence <= through)
+            .map_or_else(|| (0, self.fresh.clone()), |(s, p)| (*s, p.clone()))
     }
 
     /// The frames of event `sequence`, if kept.
@@ -133,6 +160,13 @@ impl<P: Projection> Shared<P> {
     fn push(&mut self, event: &AgentEvent) -> Arc<Rendered> {
         let rendered = Arc::new(self.renderer.render(event));
         self.last = event.sequence;
+        if event.sequence.is_multiple_of(CHECKPOINT_EVERY) {
+            self.checkpoints
+                .push_back((event.sequence, self.renderer.projection.clone()));
+            if self.checkpoints.len() > CHECKPOINTS {
+                self.checkpoints.pop_front();
+            }
+        }
         self.recent_bytes += size(&rendered);
         self.recent.push_back(rendered.clone());
         while self.recent.len() > RECENT
@@ -145,7 +179,8 @@ impl<P: Projection> Shared<P> {
         rendered
     }
 
-    /// Takes over `renderer`, a watcher's fold through `last` (ahead of this one).
+    /// Takes over `renderer`, a watcher's fold through `last` (ahead of this one). The kept
+    /// projections stay: every fold of the log passes through the same ones.
     fn adopt(&mut self, renderer: Renderer<P>, last: u64) {
         self.renderer = renderer.into_live();
         self.last = last;
@@ -168,22 +203,34 @@ pub(super) struct Watcher<P: Projection> {
     shared: Arc<Mutex<Shared<P>>>,
     /// The watcher's own fold; `None` once it takes its frames from `shared`.
     own: Option<Renderer<P>>,
+    /// The sequence after which the caller gives this watcher the log.
+    from: u64,
 }
 
 impl<P: Projection> Watcher<P> {
-    /// A watcher of the log after `after` (see [`Renderer::new`]) that joins `shared`.
+    /// A watcher of the log after `after` (see [`Renderer::new`]) that joins `shared`, to be
+    /// given the log after [`Watcher::from`]. It folds from the latest projection kept before
+    /// the cursor's event (the prelude of a resume is made from the state before that event).
     pub(super) fn new(shared: Arc<Mutex<Shared<P>>>, after: Option<Cursor>) -> Self {
-        let fresh = lock(&shared).fresh.clone();
+        let through = after.map_or(0, |cursor| cursor.sequence.saturating_sub(1));
+        let (from, projection) = lock(&shared).checkpoint(through);
         Self {
-            own: Some(Renderer::new(fresh, after)),
+            own: Some(Renderer::new(projection, after)),
+            from,
             shared,
         }
+    }
+
+    /// The sequence after which the caller gives this watcher the log: at its start, and again
+    /// after [`Watcher::render`] answers `None`.
+    pub(super) fn from(&self) -> u64 {
+        self.from
     }
 
     /// The frames of `frame`, the next event of the log in sequence order: what
     /// [`Renderer::render`] gives. `None`: this watcher fell behind the frames the shared
     /// rendering keeps; it was reset by [`Watcher::restart`] and must be given the log again
-    /// from its first event.
+    /// after [`Watcher::from`].
     ///
     /// # Errors
     /// The event's JSON does not read as an [`AgentEvent`].
@@ -212,15 +259,17 @@ impl<P: Projection> Watcher<P> {
             let event = serde_json::from_str::<AgentEvent>(&frame.data)?;
             return Ok(Some(shared.push(&event)));
         }
-        let fresh = shared.fresh.clone();
+        let through = sequence.saturating_sub(1);
+        let (from, projection) = shared.checkpoint(through);
         drop(shared);
-        self.restart(fresh, sequence.saturating_sub(1));
+        self.restart(from, projection, through);
         Ok(None)
     }
 
-    /// Folds on its own again from the first event, silently through `through`, then renders
-    /// every frame after it (no prelude: those before were sent).
-    fn restart(&mut self, fresh: P, through: u64) {
-        self.own = Some(Renderer::continuing(fresh, through));
+    /// Folds on its own again from `projection`, the fold through event `from`: silently
+    /// through `through`, then every frame after it (no prelude: those before were sent).
+    fn restart(&mut self, from: u64, projection: P, through: u64) {
+        self.own = Some(Renderer::continuing(projection, through));
+        self.from = from;
     }
 }

@@ -1167,7 +1167,7 @@ where
             }
             None => {
                 restarts += 1;
-                *next = 0;
+                *next = usize::try_from(watcher.from()).unwrap();
             }
         }
     };
@@ -1273,15 +1273,140 @@ fn a_watcher_behind_what_the_shared_rendering_keeps_folds_the_log_again() {
         for frame in &frames {
             fast.render(frame).unwrap().unwrap();
         }
-        // The shared rendering no longer keeps event 2: the slow watcher starts again.
+        // The shared rendering no longer keeps event 2: the slow watcher starts again, from
+        // the log's first event (no projection is kept before event 2).
         assert!(
             slow.render(&frames[1]).unwrap().is_none(),
             "{deltas} deltas"
         );
+        assert_eq!(slow.from(), 0);
         for frame in &frames {
             let rendered = slow.render(frame).unwrap().unwrap();
             slow_out.extend(rendered.frames.iter().map(parse));
         }
         assert_eq!(slow_out, render(fresh, &log, None));
     }
+}
+
+#[test]
+fn a_watcher_behind_on_a_long_log_folds_again_from_a_kept_projection() {
+    // Model calls of text and a server tool, over three kept projections' worth of events, so
+    // that the events around each kept one open and close text, calls and steps. Every call
+    // is `call_1`, as the demo model names them: each one's id in the frames depends on how
+    // many came before (`tool_call_id`), so a kept projection that missed one shows.
+    let every = shared::CHECKPOINT_EVERY;
+    let mut log = Log::new();
+    // A first model call as long as needed for event 2,048 to start one of the 12-event model
+    // calls below (a kept projection that missed it names that call's frames by the previous
+    // model call).
+    log.model(1);
+    for _ in 0..2 {
+        log.text("Hm. ");
+    }
+    log.end_call();
+    let mut iteration = 1;
+    let id = "call_1";
+    while log.events.len() < 3 * usize::try_from(every).unwrap() {
+        iteration += 1;
+        log.model(iteration);
+        log.text("Looking ");
+        log.text("it up.");
+        log.call(id, "lookup", &["{\"q\":", "1}"]);
+        log.end_call();
+        log.execute(id, "lookup", ok(json!({"n": iteration})));
+    }
+    log.model(iteration + 1);
+    log.text("Done.");
+    log.end_call();
+    log.complete(iteration + 1);
+    assert!(matches!(
+        log.events[usize::try_from(2 * every - 1).unwrap()].payload,
+        EventPayload::ModelStarted(_)
+    ));
+    let dialect = AiSdkDialect::V7;
+    long_log_case(|| AgUi::new(log.run.clone()), Format::AgUi, &log);
+    long_log_case(
+        || AiSdk::new(log.run.clone(), dialect),
+        Format::AiSdk(dialect),
+        &log,
+    );
+}
+
+/// [`a_watcher_behind_on_a_long_log_folds_again_from_a_kept_projection`] in one format:
+/// watchers that fall behind at each event around the second kept projection fold again from
+/// the latest one kept before that event, not from the log's start, and resumes at each frame
+/// id around it start from the latest one kept before their cursor's event (a resume's
+/// prelude is made from the state before it); every one sends what a lone renderer sends.
+fn long_log_case<P: Projection>(make: impl Fn() -> P, format: Format, log: &Log)
+where
+    P::Frame: Send,
+{
+    let every = shared::CHECKPOINT_EVERY;
+    let frames = event_frames(log);
+    let index = |sequence: u64| usize::try_from(sequence).unwrap();
+    // The frames after `from` through `watcher`, which must take them all.
+    let feed = |watcher: &mut Watcher<P>, from: u64, out: &mut Sent| {
+        for frame in &frames[index(from)..] {
+            let rendered = watcher.render(frame).unwrap().unwrap();
+            out.extend(rendered.frames.iter().map(parse));
+            if rendered.end {
+                out.extend(done_frame::<P>().iter().map(parse));
+            }
+        }
+    };
+    let alone = render(make(), log, None);
+    for behind in 2 * every - 3..=2 * every + 3 {
+        let renderings = Renderings::default();
+        let run_id = log.run.run_id;
+        let mut slow = Watcher::new(renderings.share(run_id, format, &make), None);
+        let mut fast = Watcher::new(renderings.share(run_id, format, &make), None);
+        let mut out: Sent = Vec::new();
+        for frame in &frames[..index(behind)] {
+            let rendered = slow.render(frame).unwrap().unwrap();
+            out.extend(rendered.frames.iter().map(parse));
+        }
+        for frame in &frames {
+            fast.render(frame).unwrap().unwrap();
+        }
+        // Event `behind + 1` is no longer kept: fold again through `behind`.
+        assert!(slow.render(&frames[index(behind)]).unwrap().is_none());
+        let kept = if behind >= 2 * every {
+            2 * every
+        } else {
+            every
+        };
+        assert_eq!(slow.from(), kept, "{format:?} behind {behind}");
+        feed(&mut slow, kept, &mut out);
+        assert_eq!(out, alone, "{format:?} behind {behind}");
+    }
+    // One shared rendering through the whole log, then resumes around the second kept
+    // projection.
+    let renderings = Renderings::default();
+    let mut first = Watcher::new(renderings.share(log.run.run_id, format, &make), None);
+    feed(&mut first, 0, &mut Vec::new());
+    let cursors = segments(&make, log)
+        .into_iter()
+        .flatten()
+        .filter_map(|(id, _)| Cursor::parse(&id?, true).ok())
+        .filter(|cursor| (2 * every - 6..=2 * every + 6).contains(&cursor.sequence));
+    let mut resumes = 0;
+    for cursor in cursors {
+        let after = Some(cursor);
+        let mut resumed = Watcher::new(renderings.share(log.run.run_id, format, &make), after);
+        let kept = if cursor.sequence > 2 * every {
+            2 * every
+        } else {
+            every
+        };
+        assert_eq!(resumed.from(), kept, "{format:?} {cursor}");
+        let mut out: Sent = Vec::new();
+        feed(&mut resumed, kept, &mut out);
+        assert_eq!(out, render(make(), log, after), "{format:?} {cursor}");
+        resumes += 1;
+    }
+    assert!(
+        resumes >= 5,
+        "{format:?}: {resumes} cursors around event {}",
+        2 * every
+    );
 }
