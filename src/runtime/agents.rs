@@ -1028,11 +1028,16 @@ pub enum AnswerError {
     /// it otherwise (the same answers again are accepted again: a retry).
     #[error(
         "the run's pause at event {sequence} (tool_calls_required) was already answered and the \
-         run has moved on: call `{call_id}` was answered with {answer}; the first answer stands"
+         run has moved on: call `{call_id}` was answered with {answer}{}; the first answer \
+         stands",
+        if *.left_out { ", and this request leaves it out" } else { "" }
     )]
     AnsweredBefore {
         /// The call answered otherwise.
         call_id: String,
+        /// The call was answered then and this request does not answer it (a retry must
+        /// answer every call as the first request did).
+        left_out: bool,
         /// The sequence of that pause's `tool_calls_required` event.
         sequence: u64,
         /// What the earlier request answered, in short (`output …`, `error "…"`,
@@ -1133,6 +1138,7 @@ impl Runtime {
             return Ok(Some(match otherwise {
                 None => Earlier::Same,
                 Some(call_id) => Earlier::Otherwise(AnswerError::AnsweredBefore {
+                    left_out: !posted.iter().any(|a| a.call_id == call_id),
                     answer: before(&call_id).map_or_else(|| "no answer".to_owned(), in_short),
                     call_id,
                     sequence: pause.sequence,

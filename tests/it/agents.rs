@@ -788,6 +788,23 @@ async fn client_tool_round_trip(backend: Backend) {
                 && detail.contains("error \"weather service down\""),
             "{detail}"
         );
+        // A retry that leaves a call out is refused, naming the call it leaves out.
+        let (status, problem) = post(
+            &server,
+            &path,
+            &json!({"tool_outputs": [{"call_id": "call_loc", "output": {"city": "Paris"}}]}),
+        )
+        .await;
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (409, Some("action_conflict")),
+            "{problem}"
+        );
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("`call_wx`") && detail.contains("this request leaves it out"),
+            "{detail}"
+        );
         assert_eq!(
             server.get_json(&format!("/runs/{run_id}")).await,
             run,
