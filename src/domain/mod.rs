@@ -39,5 +39,5 @@ pub use run::{
 pub use snapshot::Snapshot;
 pub use webhook::{
     ClaimedDelivery, WEBHOOK_URL_MAX_BYTES, Webhook, WebhookAttempt, WebhookAttemptOutcome,
-    WebhookDelivery, WebhookDeliveryStatus, WebhookEventType,
+    WebhookClaim, WebhookDelivery, WebhookDeliveryStatus, WebhookEventType,
 };

@@ -193,6 +193,18 @@ pub struct WebhookDelivery {
     pub attempts: Vec<WebhookAttempt>,
 }
 
+/// What one claim of a delivery worker took: the deliveries to attempt now, and how many
+/// attempts it found cut short (a process that died or froze past its claim in the middle of
+/// an attempt; each is counted once, by the claim that finds it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WebhookClaim {
+    /// The deliveries claimed, each for its next attempt.
+    pub deliveries: Vec<ClaimedDelivery>,
+    /// Earlier attempts found `interrupted`: of the deliveries claimed, and of those failed
+    /// because that attempt was the schedule's last.
+    pub interrupted: u64,
+}
+
 /// A delivery claimed for an attempt by a process's delivery worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimedDelivery {

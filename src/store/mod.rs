@@ -16,9 +16,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::domain::{
-    ActionAnswer, CircuitBreaker, ClaimedDelivery, Compaction, CompactionConfig, FinishReason,
-    Message, MessageId, RequiredAction, Role, RunDefinition, RunEnd, RunId, RunRecord, RunStatus,
-    RunTool, Session, SessionDefaults, SessionId, Snapshot, TokenUsage, ToolChoice, WebhookAttempt,
+    ActionAnswer, CircuitBreaker, Compaction, CompactionConfig, FinishReason, Message, MessageId,
+    RequiredAction, Role, RunDefinition, RunEnd, RunId, RunRecord, RunStatus, RunTool, Session,
+    SessionDefaults, SessionId, Snapshot, TokenUsage, ToolChoice, WebhookAttempt, WebhookClaim,
     WebhookDelivery, WebhookEventType,
 };
 use crate::events::LoggedEvent;
@@ -819,6 +819,7 @@ pub trait WebhookStore: Send + Sync {
     /// waited for: PostgreSQL `FOR UPDATE SKIP LOCKED`), earliest due first. Each claim is an
     /// attempt: numbered, and listed as `interrupted` until its end is recorded. A delivery
     /// whose `max_attempts` were all made (the last interrupted) is marked failed instead.
+    /// Counts the attempts it finds interrupted (a claim that expired unrecorded).
     async fn claim_webhook_deliveries(
         &self,
         owner: &str,
@@ -826,7 +827,7 @@ pub trait WebhookStore: Send + Sync {
         claim_until_ms: i64,
         limit: u32,
         max_attempts: u32,
-    ) -> StoreResult<Vec<ClaimedDelivery>>;
+    ) -> StoreResult<WebhookClaim>;
 
     /// Records an attempt of a claimed delivery and what follows (delivered, another attempt
     /// at `next_attempt_ms`, or failed), releasing the claim, in one transaction.
@@ -836,8 +837,9 @@ pub trait WebhookStore: Send + Sync {
         record: &AttemptRecord,
     ) -> StoreResult<()>;
 
-    /// Releases `owner`'s claims of deliveries still pending (at its shutdown).
-    async fn release_webhook_claims(&self, owner: &str) -> StoreResult<()>;
+    /// Releases `owner`'s claims of deliveries still pending (at its shutdown); how many: each
+    /// was an attempt cut short (`interrupted`).
+    async fn release_webhook_claims(&self, owner: &str) -> StoreResult<u64>;
 
     /// How many deliveries are pending and when the earliest is due.
     async fn webhook_outbox(&self) -> StoreResult<OutboxState>;

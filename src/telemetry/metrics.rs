@@ -75,7 +75,8 @@ pub const BREAKER_OPEN: &str = "behest_compaction_circuit_open";
 pub const BREAKER_FAILURES: &str = "behest_compaction_consecutive_failures";
 
 /// Webhook delivery attempts by `outcome` (`delivered`, `retry`: failed and scheduled again,
-/// `failed`: the schedule's last attempt failed).
+/// `failed`: the schedule's last attempt failed, `interrupted`: cut short by a shutdown or a
+/// process's death, counted by the process that releases or finds it).
 pub const WEBHOOK_DELIVERIES: &str = "behest_webhook_deliveries_total";
 /// Webhook deliveries pending in the outbox (of every process on the database), as this
 /// process's delivery worker last read it.
@@ -367,6 +368,14 @@ pub fn circuit_breaker(open: bool, consecutive_failures: u32) {
 /// A webhook delivery attempt ended with `outcome` (`delivered`, `retry`, `failed`).
 pub fn webhook_attempt(outcome: &'static str) {
     ::metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => outcome).increment(1);
+}
+
+/// `count` webhook delivery attempts were found cut short (`interrupted`: released at this
+/// process's shutdown, or a claim of a process that died found expired).
+pub fn webhook_attempts_interrupted(count: u64) {
+    if count > 0 {
+        ::metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => "interrupted").increment(count);
+    }
 }
 
 /// The webhook outbox holds `pending` deliveries not delivered or failed yet.

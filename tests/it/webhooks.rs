@@ -722,6 +722,8 @@ async fn an_attempt_cut_by_a_kill_is_listed_as_interrupted(backend: Backend) {
     assert_eq!(attempts[0]["outcome"], "interrupted", "{list}");
     assert_eq!(attempts[1]["attempt"], 2);
     assert_eq!(attempts[1]["outcome"], "in_progress", "{list}");
+    // The claim that found attempt 1's expired counted it.
+    assert_eq!(interrupted_counted(&second).await, Some(1));
     second.kill().await;
 
     // The schedule's two attempts were made: the delivery failed, no third one is made.
@@ -746,6 +748,8 @@ async fn an_attempt_cut_by_a_kill_is_listed_as_interrupted(backend: Backend) {
             "{attempts:?}"
         );
     }
+    // The claim that failed the delivery counted attempt 2.
+    assert_eq!(interrupted_counted(&third).await, Some(1));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let received = receiver.received();
     assert_eq!(received.len(), 2, "no third request");
@@ -753,6 +757,24 @@ async fn an_attempt_cut_by_a_kill_is_listed_as_interrupted(backend: Backend) {
     assert_eq!(ids, vec![list[0]["id"].as_str().unwrap().to_owned(); 2]);
     drop(third);
     db.cleanup().await;
+}
+
+/// `behest_webhook_deliveries_total{outcome="interrupted"}` of `server`, if it has counted one.
+async fn interrupted_counted(server: &ServerProcess) -> Option<u64> {
+    let metrics = server
+        .client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics.lines().find_map(|line| {
+        line.strip_prefix("behest_webhook_deliveries_total{outcome=\"interrupted\"} ")?
+            .parse()
+            .ok()
+    })
 }
 
 on_both_backends!(

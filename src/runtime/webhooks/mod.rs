@@ -306,9 +306,10 @@ pub(super) async fn delivery_loop(runtime: Weak<Runtime>, webhooks: Arc<Webhooks
                 )
                 .await
             {
-                Ok(deliveries) => {
-                    claimed = deliveries.len();
-                    for delivery in deliveries {
+                Ok(claim) => {
+                    crate::telemetry::metrics::webhook_attempts_interrupted(claim.interrupted);
+                    claimed = claim.deliveries.len();
+                    for delivery in claim.deliveries {
                         in_flight.spawn(deliver(webhooks.clone(), store.clone(), delivery));
                     }
                 }
@@ -354,8 +355,9 @@ pub(super) async fn delivery_loop(runtime: Weak<Runtime>, webhooks: Arc<Webhooks
 /// stopped after the receiver got it is delivered again).
 async fn release(in_flight: &mut JoinSet<()>, store: &dyn Store, owner: &str) {
     in_flight.shutdown().await;
-    if let Err(error) = store.release_webhook_claims(owner).await {
-        tracing::warn!(%error, "releasing webhook claims failed (they expire)");
+    match store.release_webhook_claims(owner).await {
+        Ok(released) => crate::telemetry::metrics::webhook_attempts_interrupted(released),
+        Err(error) => tracing::warn!(%error, "releasing webhook claims failed (they expire)"),
     }
 }
 

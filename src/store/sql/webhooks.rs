@@ -11,8 +11,8 @@ use uuid::Uuid;
 use super::runs::{RUN_COLUMNS, RunRow};
 use super::{corrupt, count, text, to_i64, to_json};
 use crate::domain::{
-    ClaimedDelivery, RunId, RunRecord, WebhookAttempt, WebhookAttemptOutcome, WebhookDelivery,
-    WebhookDeliveryStatus, WebhookEventType,
+    ClaimedDelivery, RunId, RunRecord, WebhookAttempt, WebhookAttemptOutcome, WebhookClaim,
+    WebhookDelivery, WebhookDeliveryStatus, WebhookEventType,
 };
 use crate::store::{
     AttemptRecord, OutboxState, PostgresStore, SqliteStore, StoreResult, WebhookDue, WebhookStore,
@@ -140,23 +140,41 @@ macro_rules! impl_webhook_store {
                 claim_until_ms: i64,
                 limit: u32,
                 max_attempts: u32,
-            ) -> StoreResult<Vec<ClaimedDelivery>> {
+            ) -> StoreResult<WebhookClaim> {
                 let mut tx = self.begin_write().await?;
                 // The schedule's attempts were all made, the last one cut short (a recorded
-                // failure of the last one fails it at once): failed, not attempted again.
-                sqlx::query(
-                    "UPDATE webhook_deliveries SET status = 'failed', finished_ms = $1, \
-                     locked_by = NULL, locked_until_ms = NULL \
+                // failure of the last one fails it at once): failed, not attempted again. A
+                // claim still set had expired: that attempt is found interrupted here (a
+                // released one was counted by the process that released it).
+                let exhausted: Vec<(Uuid, bool)> = sqlx::query_as(&format!(
+                    "SELECT id, locked_until_ms IS NOT NULL FROM webhook_deliveries \
                      WHERE status = 'pending' AND attempts >= $2 AND next_attempt_ms <= $1 \
-                     AND (locked_until_ms IS NULL OR locked_until_ms < $1)",
-                )
+                     AND (locked_until_ms IS NULL OR locked_until_ms < $1){}",
+                    Self::SKIP_LOCKED
+                ))
                 .bind(now_ms)
                 .bind(i64::from(max_attempts))
-                .execute(&mut *tx)
+                .fetch_all(&mut *tx)
                 .await?;
+                let mut interrupted = 0;
+                for (id, expired) in exhausted {
+                    let failed = sqlx::query(
+                        "UPDATE webhook_deliveries SET status = 'failed', finished_ms = $2, \
+                         locked_by = NULL, locked_until_ms = NULL \
+                         WHERE id = $1 AND status = 'pending'",
+                    )
+                    .bind(id)
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                    if expired && failed.rows_affected() == 1 {
+                        interrupted += 1;
+                    }
+                }
                 // Rows another replica's transaction holds are skipped, not waited for.
-                let candidates: Vec<Uuid> = sqlx::query_scalar(&format!(
-                    "SELECT id FROM webhook_deliveries WHERE status = 'pending' \
+                let candidates: Vec<(Uuid, bool)> = sqlx::query_as(&format!(
+                    "SELECT id, locked_until_ms IS NOT NULL FROM webhook_deliveries \
+                     WHERE status = 'pending' \
                      AND next_attempt_ms <= $1 AND attempts < $3 \
                      AND (locked_until_ms IS NULL OR locked_until_ms < $1) \
                      ORDER BY next_attempt_ms LIMIT $2{}",
@@ -168,7 +186,7 @@ macro_rules! impl_webhook_store {
                 .fetch_all(&mut *tx)
                 .await?;
                 let mut claimed = Vec::with_capacity(candidates.len());
-                for id in candidates {
+                for (id, expired) in candidates {
                     // Re-checked under the row lock: a claim another replica won is skipped.
                     // The claim is an attempt: numbered now, so one cut short keeps its number.
                     let row: Option<ClaimRow> = sqlx::query_as(
@@ -185,6 +203,7 @@ macro_rules! impl_webhook_store {
                     .fetch_optional(&mut *tx)
                     .await?;
                     if let Some(row) = row {
+                        interrupted += u64::from(expired);
                         // Listed as `interrupted` until its end replaces it: a process that
                         // dies in the middle leaves it so.
                         sqlx::query(
@@ -209,7 +228,10 @@ macro_rules! impl_webhook_store {
                     }
                 }
                 tx.commit().await?;
-                Ok(claimed)
+                Ok(WebhookClaim {
+                    deliveries: claimed,
+                    interrupted,
+                })
             }
 
             async fn record_webhook_attempt(
@@ -273,15 +295,15 @@ macro_rules! impl_webhook_store {
                 Ok(())
             }
 
-            async fn release_webhook_claims(&self, owner: &str) -> StoreResult<()> {
-                sqlx::query(
+            async fn release_webhook_claims(&self, owner: &str) -> StoreResult<u64> {
+                let released = sqlx::query(
                     "UPDATE webhook_deliveries SET locked_by = NULL, locked_until_ms = NULL \
                      WHERE locked_by = $1 AND status = 'pending'",
                 )
                 .bind(owner)
                 .execute(&self.pool)
                 .await?;
-                Ok(())
+                Ok(released.rows_affected())
             }
 
             async fn webhook_outbox(&self) -> StoreResult<OutboxState> {
