@@ -655,15 +655,7 @@ async fn a_failing_summariser_trips_the_breaker(backend: Backend) {
         assert_eq!(opened.len(), 1, "the run that tripped it says so, once");
         // The metrics count the failed attempts (the process's recorder is shared by the tests
         // running beside this one, so at least these three) and show the breaker.
-        let metrics = server
-            .client
-            .get(server.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = server.get_text("/metrics").await;
         let failed_auto: f64 = metrics
             .lines()
             .filter(|line| {

@@ -17,14 +17,7 @@ use support::process::{ServerProcess, ToolServer, config_toml};
 use support::server::TestServer;
 
 async fn scrape(server: &ServerProcess) -> prometheus_parse::Scrape {
-    let response = server
-        .client
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let text = response.text().await.unwrap();
+    let text = server.get_text("/metrics").await;
     prometheus_parse::Scrape::parse(text.lines().map(|line| Ok(line.to_owned()))).unwrap()
 }
 

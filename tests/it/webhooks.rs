@@ -659,15 +659,7 @@ async fn a_delivery_survives_a_restart_and_a_receiver_that_was_down(backend: Bac
         assert_eq!(body["data"]["id"], run_id.as_str());
         assert_eq!(body["data"]["status"], "completed");
     }
-    let metrics = second
-        .client
-        .get(second.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = second.get_text("/metrics").await;
     assert!(
         metrics.contains("behest_webhook_deliveries_total{outcome=\"delivered\"} 1"),
         "{metrics}"
@@ -761,15 +753,7 @@ async fn an_attempt_cut_by_a_kill_is_listed_as_interrupted(backend: Backend) {
 
 /// `behest_webhook_deliveries_total{outcome="interrupted"}` of `server`, if it has counted one.
 async fn interrupted_counted(server: &ServerProcess) -> Option<u64> {
-    let metrics = server
-        .client
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.get_text("/metrics").await;
     metrics.lines().find_map(|line| {
         line.strip_prefix("behest_webhook_deliveries_total{outcome=\"interrupted\"} ")?
             .parse()

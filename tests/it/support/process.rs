@@ -212,7 +212,13 @@ impl ServerProcess {
         body
     }
 
-    /// `POST path` with a JSON body → (status, retry-after header, JSON body or `Null`).
+    /// `GET path` (e.g. `/metrics`), expecting 200; the body as text.
+    pub async fn get_text(&self, path: &str) -> String {
+        let response = self.client.get(self.url(path)).send().await.expect("GET");
+        assert_eq!(response.status(), 200, "GET {path} ({})", self.name);
+        response.text().await.expect("text")
+    }
+
     /// `POST path` without a body (cancel, compact, reset) → (status, JSON body or `Null`).
     pub async fn post_empty(&self, path: &str) -> (u16, Value) {
         let response = self

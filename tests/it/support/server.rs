@@ -220,6 +220,13 @@ impl TestServer {
             .expect("JSON")
     }
 
+    /// `GET path` (e.g. `/metrics`), expecting 200; the body as text.
+    pub async fn get_text(&self, path: &str) -> String {
+        let response = self.client.get(self.url(path)).send().await.expect("GET");
+        assert_eq!(response.status(), 200, "GET {path}");
+        response.text().await.expect("text")
+    }
+
     /// `GET path` with `Authorization: Bearer key`, as JSON.
     pub async fn get_json_with(&self, path: &str, key: &str) -> Value {
         self.client
