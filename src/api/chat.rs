@@ -332,16 +332,20 @@ pub(super) async fn answer_pause(
         .action_answers(run.id, pause.message_id)
         .await?;
     let decision = |answer: &ActionAnswer| matches!(answer, ActionAnswer::Approval { .. });
-    let conflict = pause.calls.iter().find(|call| {
-        given.find(call).is_some_and(|answer| {
-            recorded.iter().any(|(id, before)| {
-                *id == call.call_id && decision(before) == decision(answer) && before != answer
-            })
+    let conflict = pause.calls.iter().find_map(|call| {
+        let answer = given.find(call)?;
+        recorded.iter().find(|(id, before)| {
+            *id == call.call_id && decision(before) == decision(answer) && !before.same_as(answer)
         })
     });
-    if let Some(call) = conflict {
+    if let Some((call_id, before)) = conflict {
         return Err(actions::answer_error(
-            crate::runtime::AnswerError::Conflict(call.call_id.clone()),
+            crate::runtime::AnswerError::AnsweredBefore {
+                call_id: call_id.clone(),
+                left_out: false,
+                sequence: pause.sequence,
+                answer: before.in_short(),
+            },
             field,
         ));
     }

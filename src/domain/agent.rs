@@ -418,6 +418,23 @@ pub enum ActionAnswer {
 }
 
 impl ActionAnswer {
+    /// This answer in a few words for an error's detail: `output <JSON>` or `error "<text>"`
+    /// (each cut to 200 characters), `approve: true|false`.
+    pub fn in_short(&self) -> String {
+        let cut = |text: String| {
+            if text.chars().count() > 200 {
+                format!("{}…", text.chars().take(200).collect::<String>())
+            } else {
+                text
+            }
+        };
+        match self {
+            Self::Output(value) => format!("output {}", cut(value.to_string())),
+            Self::Error(error) => format!("error {:?}", cut(error.clone())),
+            Self::Approval { approve, .. } => format!("approve: {approve}"),
+        }
+    }
+
     /// Whether `other` gives the same answer: equal but for how JSON numbers are spelled
     /// (`1`, `1.0` and `1e0` are one number), so that a client that re-serializes a retried
     /// output is not taken to answer otherwise.

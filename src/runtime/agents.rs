@@ -979,23 +979,6 @@ enum Earlier {
     Otherwise(AnswerError),
 }
 
-/// A recorded answer in a few words for an error's detail: `output <JSON>` or
-/// `error "<text>"` (each cut to 200 characters), `approve: true|false`.
-fn in_short(answer: &ActionAnswer) -> String {
-    let cut = |text: String| {
-        if text.chars().count() > 200 {
-            format!("{}…", text.chars().take(200).collect::<String>())
-        } else {
-            text
-        }
-    };
-    match answer {
-        ActionAnswer::Output(value) => format!("output {}", cut(value.to_string())),
-        ActionAnswer::Error(error) => format!("error {:?}", cut(error.clone())),
-        ActionAnswer::Approval { approve, .. } => format!("approve: {approve}"),
-    }
-}
-
 /// Why answers were refused.
 #[derive(Debug, thiserror::Error)]
 pub enum AnswerError {
@@ -1139,7 +1122,8 @@ impl Runtime {
                 None => Earlier::Same,
                 Some(call_id) => Earlier::Otherwise(AnswerError::AnsweredBefore {
                     left_out: !posted.iter().any(|a| a.call_id == call_id),
-                    answer: before(&call_id).map_or_else(|| "no answer".to_owned(), in_short),
+                    answer: before(&call_id)
+                        .map_or_else(|| "no answer".to_owned(), ActionAnswer::in_short),
                     call_id,
                     sequence: pause.sequence,
                 }),

@@ -395,7 +395,7 @@ async fn chat_routes_client_tool_outputs(backend: Backend) {
         "id": run_id, "role": "assistant", "parts": [
             {"type": "step-start"},
             {"type": "tool-get_location", "toolCallId": tool_call_id,
-             "state": "output-available", "input": {}, "output": {"city": "Paris"}}]}],
+             "state": "output-available", "input": {}, "output": {"city": "Paris", "zip": 75001}}]}],
         "trigger": "submit-message", "messageId": run_id});
     let continued = post(&server, "/chat?format=ai-sdk-v7", &answered).await;
     assert_eq!(continued.status, 200, "{}", continued.problem);
@@ -428,6 +428,13 @@ async fn chat_routes_client_tool_outputs(backend: Backend) {
     let again = post(&server, "/chat?format=ai-sdk-v7", &answered).await;
     assert_eq!(again.status, 200, "{}", again.problem);
     assert_eq!(again.frames, continued.frames);
+    // Its numbers spelled otherwise (a client that re-serializes them): the same answer.
+    let mut respelled = answered.clone();
+    respelled["messages"][1]["parts"][1]["output"] =
+        serde_json::from_str(r#"{"zip": 75001.0, "city": "Paris"}"#).unwrap();
+    let again = post(&server, "/chat?format=ai-sdk-v7", &respelled).await;
+    assert_eq!(again.status, 200, "{}", again.problem);
+    assert_eq!(again.frames, continued.frames);
     // Another output for the answered call: 409 naming it, the first answer stands.
     let mut otherwise = answered.clone();
     otherwise["messages"][1]["parts"][1]["output"] = json!({"city": "Lyon"});
@@ -445,6 +452,12 @@ async fn chat_routes_client_tool_outputs(backend: Backend) {
             .contains(&provider_call),
         "{}",
         refused.problem
+    );
+    // The detail names the pause and the answer that stands, as POST /runs/{id}/tool_outputs'.
+    let detail = refused.problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("pause at event ") && detail.contains("with output {\"city\":\"Paris\""),
+        "{detail}"
     );
     db.cleanup().await;
 }
