@@ -120,7 +120,7 @@ class PlainState {
   snapshot = (thing) => structuredClone(thing);
 }
 
-function newChat(lib, format, { body, fetch: fetchFn, onToolCall, sendAutomaticallyWhen, errors }) {
+function newChat(lib, format, { body, fetch: fetchFn, onToolCall, sendAutomaticallyWhen, errors, lastOnly }) {
   class Chat extends lib.AbstractChat {
     constructor(init) {
       super({ ...init, state: new PlainState() });
@@ -130,6 +130,14 @@ function newChat(lib, format, { body, fetch: fetchFn, onToolCall, sendAutomatica
     api: `${base}/chat?format=${format}`,
     body: { provider: "demo", model: "demo", ...body },
     ...(fetchFn ? { fetch: fetchFn } : {}),
+    // The README's long-chat lines: only the last message is sent.
+    ...(lastOnly
+      ? {
+          prepareSendMessagesRequest: ({ id, messages, trigger, messageId, body }) => ({
+            body: { ...body, id, messages: messages.slice(-1), trigger, messageId },
+          }),
+        }
+      : {}),
   });
   return new Chat({
     transport,
@@ -181,8 +189,10 @@ async function aiSdkCases(name, lib, format) {
   {
     const errors = [];
     let calls = 0;
+    // Sending only the last message, as the README's long-chat lines do.
     const chat = newChat(lib, format, {
       errors,
+      lastOnly: true,
       body: { tools: [{ name: "get_location", description: "Where the user is" }] },
       sendAutomaticallyWhen: lib.lastAssistantMessageIsCompleteWithToolCalls,
       onToolCall: ({ toolCall }) => {
@@ -293,6 +303,10 @@ class BehestAgent extends HttpAgent {
         }
       } }), response);
     };
+  }
+  requestInit(input) {
+    const from = input.messages.findLastIndex((m) => m.role === "user" || m.role === "assistant");
+    return super.requestInit({ ...input, messages: input.messages.slice(Math.max(from, 0)) });
   }
   connect(input) {
     const url = new URL(`/runs/${this.behestRunId}/events?format=ag-ui`, this.url);
