@@ -40,6 +40,11 @@ impl Body for crate::domain::CreateRunRequest {
     }
 }
 
+/// The server's body limit in bytes (`[runtime] max_body_bytes`), put in each request's
+/// extensions by the router, so that a body over it is refused naming the limit.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
 impl<S: Send + Sync, T: DeserializeOwned + Body> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
 
@@ -51,9 +56,11 @@ impl<S: Send + Sync, T: DeserializeOwned + Body> FromRequest<S> for Json<T> {
                 "send the body as `Content-Type: application/json`",
             ));
         }
+        let limit = request.extensions().get::<BodyLimit>().copied();
+        let history = matches!(request.uri().path(), "/chat" | "/ag-ui");
         let bytes = Bytes::from_request(request, state)
             .await
-            .map_err(body_rejection)?;
+            .map_err(|rejection| body_rejection(&rejection, limit, history))?;
         let value = strict::from_slice(&bytes).map_err(|error| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -84,9 +91,11 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let limit = request.extensions().get::<BodyLimit>().copied();
+        let history = matches!(request.uri().path(), "/chat" | "/ag-ui");
         let bytes = Bytes::from_request(request, state)
             .await
-            .map_err(body_rejection)?;
+            .map_err(|rejection| body_rejection(&rejection, limit, history))?;
         if bytes.is_empty() {
             return Ok(Self);
         }
@@ -115,14 +124,24 @@ fn json_content_type(headers: &HeaderMap) -> bool {
         && (subtype.eq_ignore_ascii_case("json") || subtype.to_ascii_lowercase().ends_with("+json"))
 }
 
-/// A body that could not be read: too large (413 `payload_too_large`) or cut off.
-fn body_rejection(rejection: BytesRejection) -> ApiError {
+/// A body that could not be read: too large (413 `payload_too_large`, naming the `limit`, and
+/// for `/chat` and `/ag-ui`, whose clients send a whole `history`, how to send less) or cut
+/// off.
+fn body_rejection(rejection: &BytesRejection, limit: Option<BodyLimit>, history: bool) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            "the body is larger than the server accepts",
-        );
+        let mut detail = String::from("the body is larger than the server accepts");
+        if let Some(BodyLimit(bytes)) = limit {
+            detail.push_str(&format!(
+                ": at most {bytes} bytes (`[runtime] max_body_bytes`)"
+            ));
+        }
+        if history {
+            detail.push_str(
+                "; the client sends the whole history, and behest reads only the last message \
+                 (it keeps the rest): send only that (README, \"Long chats\")",
+            );
+        }
+        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", detail);
     }
     ApiError::new(
         rejection.status(),

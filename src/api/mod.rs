@@ -415,7 +415,8 @@ pub fn app(state: AppState) -> Router {
         .route_layer(axum::middleware::from_fn(metrics::tag_route))
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_body));
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::Extension(extract::BodyLimit(max_body)));
     let router = match cors {
         Some(cors) => router.layer(cors),
         None => router,

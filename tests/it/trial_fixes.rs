@@ -117,3 +117,50 @@ async fn an_ag_ui_context_too_large_names_context() {
     );
     server.stop().await;
 }
+
+/// A body over the limit: 413 `payload_too_large` naming the limit; on `/chat` and `/ag-ui`,
+/// whose clients send the whole history, the detail says to send only the last message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_names_it() {
+    let Some(server) = TestServer::start(Backend::Sqlite, config_for("http://127.0.0.1:9")).await
+    else {
+        return;
+    };
+    let long = "a long chat ".repeat(100_000);
+    let user = |id: usize| {
+        json!({"id": format!("m{id}"), "role": "user",
+                                  "parts": [{"type": "text", "text": long}]})
+    };
+    for (path, body, history) in [
+        ("/runs", json!({"input": long}), false),
+        (
+            "/chat",
+            json!({"id": "long-chat", "messages": [user(1), user(2)]}),
+            true,
+        ),
+        (
+            "/ag-ui",
+            json!({"threadId": "t1", "runId": "r1",
+                   "messages": [{"id": "u1", "role": "user", "content": long}]}),
+            true,
+        ),
+    ] {
+        let (status, problem) = post(&server, path, &body).await;
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (413, Some("payload_too_large")),
+            "{path}: {problem}"
+        );
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("at most 1048576 bytes (`[runtime] max_body_bytes`)"),
+            "{path}: {detail}"
+        );
+        assert_eq!(
+            detail.contains("only the last message"),
+            history,
+            "{path}: {detail}"
+        );
+    }
+    server.stop().await;
+}
