@@ -17,11 +17,11 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use super::auth::Caller;
-use super::chat::{ClientAnswers, answer_pause, forget_new_session, run_fields};
+use super::chat::{self, ClientAnswers, answer_pause, forget_new_session, run_fields};
 use super::extract::Json;
 use super::formats::{self, AG_UI_RUN_PREFIX, Format};
 use super::{ApiError, AppState, Problem, runs};
-use crate::domain::{ActionAnswer, RunTool, Session, ToolDefinition};
+use crate::domain::{ActionAnswer, InputPart, RunTool, Session, ToolDefinition};
 
 /// Body of `POST /ag-ui`: AG-UI's `RunAgentInput` (what `HttpAgent.runAgent()` sends).
 /// Unknown keys are ignored.
@@ -51,7 +51,9 @@ pub struct RunAgentInput {
     #[schema(min_length = 1, max_length = 212, pattern = "^[!-~]{1,212}$")]
     pub run_id: String,
     /// The thread as the client holds it; behest reads only the end of it. A last `user`
-    /// message (`content` a string, or parts whose `text` parts are joined by newlines) starts
+    /// message (`content` a string, or parts whose `text` parts are joined by newlines, with
+    /// its `binary` parts of an `image/*` `mimeType` — base64 `data` or a `url` — as image
+    /// parts in order; another binary is 422 `invalid_field`) starts
     /// a run (unless `resume` is given). Otherwise the thread's run waiting in
     /// `requires_action` is answered: `tool` messages (`toolCallId`, `content` kept as a
     /// string, or `error`) answer its client tool calls.
@@ -150,18 +152,38 @@ fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).field(field)
 }
 
-/// The text of a user message's `content`: a string, or the `text` parts joined by newlines.
-fn user_text(content: Option<&Value>) -> String {
+/// The string `key` of `part`, or empty.
+fn str_field<'a>(part: &'a Value, key: &str) -> &'a str {
+    part.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The run input of a user message's `content`: a string, or its `text` parts joined by
+/// newlines, with its `binary` image parts (`mimeType` `image/*`, base64 `data` or a `url`)
+/// in order when it has some ([`chat::image_part`]; another binary is 422 on `messages`).
+fn user_input(content: Option<&Value>) -> Result<crate::domain::RunInput, ApiError> {
+    let text_of = |part: &Value| part.get("text").and_then(Value::as_str).map(str::to_owned);
+    let mut parts = Vec::new();
     match content {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter(|part| part.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
+        Some(Value::String(text)) => parts.push(InputPart::Text { text: text.clone() }),
+        Some(Value::Array(items)) => {
+            for part in items {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        parts.extend(text_of(part).map(|text| InputPart::Text { text }))
+                    }
+                    Some("binary") => parts.push(chat::image_part(
+                        "messages",
+                        str_field(part, "mimeType"),
+                        str_field(part, "url"),
+                        part.get("data").and_then(Value::as_str),
+                    )?),
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
     }
+    Ok(chat::user_input(parts))
 }
 
 /// The answers in an input: `tool` messages and `resume` entries.
@@ -237,7 +259,7 @@ fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswe
         (status = 409, description = "`session_busy` (the thread has a run in progress, `run_id`); `run_not_waiting` (the input answers calls its run does not wait for); `action_conflict` (answers that differ from those an earlier post recorded for the same call: `detail` names it); `idempotency_key_reused` (this `runId` started a different run)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 212 visible ASCII characters; no user message to start a run from and no waiting run; a tool definition or a `forwardedProps` field as `POST /runs` refuses it); `input_too_large` (the last user message with the run's instructions, `context` appended to them, and tool definitions does not fit the model's window less the answer: `field` is `messages`, `context` when it was sent, else `instructions`, or `tools`; nothing is stored); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 212 visible ASCII characters; no user message to start a run from and no waiting run; a `binary` part that is no image; a tool definition or a `forwardedProps` field as `POST /runs` refuses it); `input_too_large` (the last user message with the run's instructions, `context` appended to them, and tool definitions does not fit the model's window less the answer: `field` is `messages`, `context` when it was sent, else `instructions`, or `tools`; nothing is stored); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 503, description = "`shutting_down`; `too_many_watchers`", body = Problem, content_type = "application/problem+json",
@@ -342,9 +364,9 @@ async fn agent_answer(
     }
     let mut fields = run_fields(forwarded, "forwardedProps")?;
     fields.session_id = Some(session.id.to_string());
-    fields.input = Some(crate::domain::RunInput::Text(user_text(
+    fields.input = Some(user_input(
         messages.last().and_then(|m| m.content.as_ref()),
-    )));
+    )?);
     fields.client_request_id = Some(client_request_id);
     let preset = fields
         .agent

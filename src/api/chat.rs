@@ -19,7 +19,9 @@ use super::auth::Caller;
 use super::extract::{Json, NoBody, Path, Query};
 use super::formats::{self, Cursor, Format};
 use super::{ApiError, AppState, Problem, actions, runs};
-use crate::domain::{ActionAnswer, CreateRunRequest, PendingKind, RunId, RunRecord, Session};
+use crate::domain::{
+    ActionAnswer, CreateRunRequest, InputPart, PendingKind, RunId, RunInput, RunRecord, Session,
+};
 use crate::runtime::Answer;
 use crate::runtime::client_sessions::{PausedCall, in_progress};
 
@@ -76,7 +78,9 @@ pub struct ChatRequest {
     )]
     pub id: String,
     /// The chat's UI messages as the client holds them. Only the last one is read: a `user`
-    /// message (its `text` parts, joined by newlines, are the new run's input), or the
+    /// message (its `text` parts, joined by newlines, are the new run's input, with its `file`
+    /// parts of an `image/*` `mediaType` — a `data:…;base64,` or `https:` `url` — as image
+    /// parts in order; another file is 422 `invalid_field`), or the
     /// assistant message of a run waiting in `requires_action` (its id is the run id) whose
     /// tool parts carry the client's answers — `output-available` (`output`) and
     /// `output-error` (`errorText`) for the run's client tools, `approval-responded`
@@ -154,6 +158,12 @@ struct UiPart {
     kind: String,
     #[serde(default)]
     text: Option<String>,
+    /// A `file` part's `data:` or `https:` URL.
+    #[serde(default)]
+    url: Option<String>,
+    /// A `file` part's media type.
+    #[serde(default, rename = "mediaType")]
+    media_type: Option<String>,
     #[serde(default, rename = "toolCallId")]
     tool_call_id: Option<String>,
     #[serde(default)]
@@ -440,7 +450,7 @@ fn run_id_headers(response: &mut Response, run_id: RunId) {
         (status = 409, description = "`regenerate_unsupported` (`trigger: regenerate-message`); `session_busy` (the chat has a run in progress, `run_id`); `run_not_waiting` (the assistant message answers a run that waits for none of its answers); `action_conflict` (answers that differ from those an earlier post recorded for the same call: `detail` names it); `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`missing_field` (`messages` empty); `invalid_field` (`id` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~` or `.`/`..`; the last message neither a user message with text nor an assistant message; `session_id` or `input` among the run fields; a run field as `POST /runs` refuses it); `input_too_large` (the last user message with the run's instructions and tool definitions does not fit the model's window less the answer: `field` is `messages`, `instructions` or `tools`; nothing is stored); `unknown_tool_call`, `missing_tool_calls` (every call of a kind the run waits for is answered at once); `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`missing_field` (`messages` empty); `invalid_field` (`id` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~` or `.`/`..`; the last message neither a user message with text or an image nor an assistant message; a `file` part that is no image; `session_id` or `input` among the run fields; a run field as `POST /runs` refuses it); `input_too_large` (the last user message with the run's instructions and tool definitions does not fit the model's window less the answer: `field` is `messages`, `instructions` or `tools`; nothing is stored); `unknown_tool_call`, `missing_tool_calls` (every call of a kind the run waits for is answered at once); `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 503, description = "`shutting_down`; `too_many_watchers`", body = Problem, content_type = "application/problem+json",
@@ -496,17 +506,28 @@ pub async fn send_chat_message(
     let answered = async {
         match last.role.as_str() {
             "user" => {
-                let text = last
-                    .parts
-                    .iter()
-                    .filter(|part| part.kind == "text")
-                    .filter_map(|part| part.text.as_deref())
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                if text.trim().is_empty() {
+                let mut parts = Vec::new();
+                for part in &last.parts {
+                    match part.kind.as_str() {
+                        "text" => {
+                            parts.extend(part.text.clone().map(|text| InputPart::Text { text }))
+                        }
+                        "file" => parts.push(image_part(
+                            "messages",
+                            part.media_type.as_deref().unwrap_or_default(),
+                            part.url.as_deref().unwrap_or_default(),
+                            None,
+                        )?),
+                        _ => {}
+                    }
+                }
+                let input = user_input(parts);
+                let text = input.text();
+                if text.trim().is_empty() && !input.has_image() {
                     return Err(invalid(
                         "messages",
-                        "the last user message has no text part with a non-whitespace character",
+                        "the last user message has no text part with a non-whitespace character \
+                         and no image",
                     ));
                 }
                 fields.session_id = Some(session.id.to_string());
@@ -516,9 +537,9 @@ pub async fn send_chat_message(
                 {
                     // A retry of this message (a post whose answer was lost) is this run
                     // again, streamed from its start, not a second turn.
-                    fields.client_request_id = Some(message_key(&session, &last.id, &text));
+                    fields.client_request_id = Some(message_key(&session, &last.id, &input));
                 }
-                fields.input = Some(crate::domain::RunInput::Text(text));
+                fields.input = Some(input);
                 let permit = state.limits.open_watcher(caller)?;
                 let created = runs::start_run(&state, caller, &headers, fields)
                     .await
@@ -564,14 +585,87 @@ pub async fn send_chat_message(
 /// digits of the SHA-256 of the message's id and text, so the same message posted again
 /// (`DefaultChatTransport` gives each message its own id) finds its run, and a client that
 /// reuses an id for another text starts a new one.
-fn message_key(session: &Session, message_id: &str, text: &str) -> String {
+fn message_key(session: &Session, message_id: &str, input: &RunInput) -> String {
     use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(format!("{message_id}\n{text}"));
+    // A text input hashes its text alone (as before images were read), one with images its
+    // parts' JSON.
+    let content = match input {
+        RunInput::Text(text) => text.clone(),
+        RunInput::Parts(_) => serde_json::to_string(input).unwrap_or_default(),
+    };
+    let digest = sha2::Sha256::digest(format!("{message_id}\n{content}"));
     let mut key = format!("chat:{}:", session.id);
     for byte in &digest[..16] {
         let _ = std::fmt::Write::write_fmt(&mut key, format_args!("{byte:02x}"));
     }
     key
+}
+
+/// A run's input from a user message's parts in order: its text alone (text parts joined by
+/// newlines) when it has no image, else the parts.
+pub(super) fn user_input(parts: Vec<InputPart>) -> RunInput {
+    if parts
+        .iter()
+        .all(|part| matches!(part, InputPart::Text { .. }))
+    {
+        let texts: Vec<String> = parts
+            .into_iter()
+            .filter_map(|part| match part {
+                InputPart::Text { text } => Some(text),
+                InputPart::Image { .. } => None,
+            })
+            .collect();
+        RunInput::Text(texts.join("\n"))
+    } else {
+        RunInput::Parts(parts)
+    }
+}
+
+/// An image part of a user message (the AI SDK's `file` part, AG-UI's `binary` part): a
+/// `data:<media type>;base64,<data>` or `https:` `url`, or base64 `data`, of an `image/*`
+/// `media_type`; the run's input checks it further as `POST /runs` does. Any other file is
+/// 422 `invalid_field` naming `field`.
+pub(super) fn image_part(
+    field: &str,
+    media_type: &str,
+    url: &str,
+    data: Option<&str>,
+) -> Result<InputPart, ApiError> {
+    if !media_type.starts_with("image/") {
+        return Err(invalid(
+            field,
+            format!(
+                "a file of type `{media_type}` in the last user message: behest reads text and \
+                 images (image/png, image/jpeg, image/gif, image/webp)"
+            ),
+        ));
+    }
+    let media_type = Some(media_type.to_owned());
+    if let Some(data) = data.filter(|data| !data.is_empty()) {
+        return Ok(InputPart::Image {
+            media_type,
+            data: Some(data.to_owned()),
+            url: None,
+        });
+    }
+    if let Some(rest) = url.strip_prefix("data:") {
+        let Some((_, data)) = rest.split_once(";base64,") else {
+            return Err(invalid(
+                field,
+                "an image's `data:` URL must be base64 (`data:<media type>;base64,…`)",
+            ));
+        };
+        return Ok(InputPart::Image {
+            media_type,
+            data: Some(data.to_owned()),
+            url: None,
+        });
+    }
+    Ok(InputPart::Image {
+        media_type,
+        data: None,
+        url: Some(url.to_owned()),
+    })
 }
 
 /// Deletes a session this request created for a client's id when the request then failed

@@ -1033,7 +1033,78 @@ async fn ag_ui_answers_the_pause_its_ids_name(backend: Backend) {
     db.cleanup().await;
 }
 
+/// A 1×1 PNG, base64.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+/// Images reach the run: a `file` part of a `/chat` user message (a `data:` URL, as
+/// `useChat`'s attachments send them) and a `binary` part of an `/ag-ui` one (base64 `data`)
+/// become image parts of the run's input, in order with the text; a file that is no image is
+/// `422 invalid_field` on `messages`.
+async fn chat_and_ag_ui_take_images(backend: Backend) {
+    let Some((db, server)) = demo_server(backend, "images").await else {
+        return;
+    };
+    let data_url = format!("data:image/png;base64,{PNG}");
+    let chat = json!({"id": "image-chat", "trigger": "submit-message", "messages": [
+        {"id": "u1", "role": "user", "parts": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "file", "mediaType": "image/png", "filename": "dot.png", "url": data_url}]}],
+        "provider": "demo", "model": "demo"});
+    let thread = uuid::Uuid::new_v4().to_string();
+    let ag_ui = json!({"threadId": thread, "runId": "r1", "tools": [], "context": [],
+        "state": {}, "forwardedProps": {"provider": "demo", "model": "demo"},
+        "messages": [{"id": "u1", "role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "binary", "mimeType": "image/png", "data": PNG}]}]});
+    for (path, body) in [("/chat", &chat), ("/ag-ui", &ag_ui)] {
+        let answer = post(&server, path, body).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.problem);
+        let run_id = answer.header("x-run-id").unwrap().to_owned();
+        let run = server.get_json(&format!("/runs/{run_id}")).await;
+        let messages = server
+            .get_json(&format!(
+                "/sessions/{}/messages",
+                run["session_id"].as_str().unwrap()
+            ))
+            .await;
+        let first = &messages["messages"][0];
+        assert_eq!(first["role"], "user", "{path}: {messages}");
+        assert_eq!(
+            first["content"],
+            json!([{"type": "text", "text": "What is this?"},
+                   {"type": "image", "url": data_url, "media_type": "image/png"}]),
+            "{path}"
+        );
+    }
+    // A PDF is no image: refused, naming its type.
+    let mut pdf = chat.clone();
+    pdf["id"] = json!("pdf-chat");
+    pdf["messages"][0]["parts"][1] = json!({"type": "file", "mediaType": "application/pdf",
+                                            "url": "data:application/pdf;base64,JVBERi0="});
+    let refused = post(&server, "/chat", &pdf).await;
+    assert_eq!(
+        (
+            refused.status,
+            refused.problem["code"].as_str(),
+            refused.problem["field"].as_str()
+        ),
+        (422, Some("invalid_field"), Some("messages")),
+        "{}",
+        refused.problem
+    );
+    assert!(
+        refused.problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("application/pdf"),
+        "{}",
+        refused.problem
+    );
+    db.cleanup().await;
+}
+
 on_both_backends!(
+    chat_and_ag_ui_take_images,
     chat_keeps_the_client_id,
     chat_routes_client_tool_outputs,
     chat_routes_approvals,
