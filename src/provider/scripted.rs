@@ -7,8 +7,9 @@
 //! - after tool results (the last messages are tool messages): one sentence per result,
 //!   "`<tool>` answered <result JSON>.", then `Finished(Stop)`;
 //! - `call <tool> {json}` anywhere in the input, for a tool offered to the run: that call,
-//!   with the JSON object as its arguments (`{}` when none follows; text after the name that is
-//!   not valid JSON becomes the call's `invalid_arguments`). Several `call …` make parallel
+//!   with the JSON object as its arguments (`{}` when none follows; a `{…}` after the name
+//!   that is not valid JSON becomes the call's `invalid_arguments`, other text after it is
+//!   ignored). Several `call …` make parallel
 //!   calls. Ends with `Finished(ToolCalls)`;
 //! - otherwise, an input mentioning `time` while the tool `current_time` is offered calls it;
 //!   `tool_choice` `none` suppresses calls, `required` without a request calls the first tool
