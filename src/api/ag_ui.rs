@@ -342,7 +342,14 @@ async fn agent_answer(
                 super::actions::check_decided_by("resume", decided_by.as_deref())?;
             }
         }
-        let after = answer_pause(state, caller, &run, &given, "messages").await?;
+        // Approvals come in `resume[]`, tool outputs in `tool` messages: an error names the one
+        // the input answers with (`messages` when it has both).
+        let answers_in = if messages.iter().any(|message| message.role == "tool") {
+            "messages"
+        } else {
+            "resume"
+        };
+        let after = answer_pause(state, caller, &run, &given, answers_in).await?;
         let permit = state.limits.open_watcher(caller)?;
         let run = runs::load_run(state, &run.id.to_string()).await?;
         // The continuation answers this input: its runId, not the one that started the run.

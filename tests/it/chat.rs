@@ -754,6 +754,28 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
         "the approved tool ran: {:?}",
         approved.chunks()
     );
+    // The other decision for the same interrupt: 409 naming `resume`, where it was given.
+    let rejected = post(
+        &server,
+        "/ag-ui",
+        &json!({"threadId": thread_id, "runId": uuid::Uuid::new_v4().to_string(),
+                "messages": [thread_message("What time is it?"),
+                    {"id": "a2", "role": "assistant", "toolCalls": [{"id": interrupted_call,
+                      "type": "function", "function": {"name": "current_time", "arguments": "{}"}}]}],
+                "tools": [], "context": [],
+                "resume": [{"interruptId": interrupt, "status": "cancelled"}]}),
+    )
+    .await;
+    assert_eq!(
+        (
+            rejected.status,
+            rejected.problem["code"].as_str(),
+            rejected.problem["field"].as_str()
+        ),
+        (409, Some("action_conflict"), Some("resume")),
+        "{}",
+        rejected.problem
+    );
     // The refusals.
     for (body, code, field) in [
         (
