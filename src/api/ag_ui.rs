@@ -181,7 +181,13 @@ fn user_input(content: Option<&Value>) -> Result<crate::domain::RunInput, ApiErr
                 }
             }
         }
-        _ => {}
+        Some(Value::Null) | None => {}
+        Some(_) => {
+            return Err(invalid(
+                "messages",
+                "the last user message's `content` must be a string or an array of parts",
+            ));
+        }
     }
     Ok(chat::user_input(parts))
 }

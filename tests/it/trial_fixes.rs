@@ -164,3 +164,30 @@ async fn a_body_over_the_limit_names_it() {
     }
     server.stop().await;
 }
+
+/// `POST /ag-ui` whose last user message's `content` is neither a string nor parts: 422
+/// `invalid_field` on `messages` saying so (it read as an empty input).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ag_ui_content_of_another_type_is_refused() {
+    let Some(server) = TestServer::start(Backend::Sqlite, config_for("http://127.0.0.1:9")).await
+    else {
+        return;
+    };
+    let body = json!({"threadId": uuid::Uuid::new_v4().to_string(), "runId": "r1",
+                      "messages": [{"id": "u1", "role": "user", "content": 5}],
+                      "forwardedProps": {"provider": "fake", "model": "fake-model"}});
+    let (status, problem) = post(&server, "/ag-ui", &body).await;
+    assert_eq!(
+        (status, problem["code"].as_str(), problem["field"].as_str()),
+        (422, Some("invalid_field"), Some("messages")),
+        "{problem}"
+    );
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("must be a string or an array of parts"),
+        "{problem}"
+    );
+    server.stop().await;
+}
