@@ -152,6 +152,36 @@ fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", detail).field(field)
 }
 
+/// `error` on the run's `tools` whose detail names `tools[k]`, renamed as the client sent the
+/// tool: the input's `tools[k - from]` for one of its client tools (from `from` on), else
+/// `forwardedProps.tools[k]` when forwardedProps gave the tools before them.
+fn tools_renumbered(error: ApiError, from: usize, forwarded: bool) -> ApiError {
+    if error.field_name() != Some("tools") {
+        return error;
+    }
+    let detail = error.problem().detail.clone();
+    let Some(at) = detail.find("tools[") else {
+        return error;
+    };
+    let digits = &detail[at + "tools[".len()..];
+    let Some(end) = digits.find(']') else {
+        return error;
+    };
+    let Ok(index) = digits[..end].parse::<usize>() else {
+        return error;
+    };
+    let (name, field) = match index.checked_sub(from) {
+        Some(client) => (format!("tools[{client}]"), "tools"),
+        None if forwarded => (
+            format!("forwardedProps.tools[{index}]"),
+            "forwardedProps.tools",
+        ),
+        None => return error,
+    };
+    let renamed = format!("{}{name}{}", &detail[..at], &digits[end + 1..]);
+    error.with_detail(renamed).field(field)
+}
+
 /// The string `key` of `part`, or empty.
 fn str_field<'a>(part: &'a Value, key: &str) -> &'a str {
     part.get(key).and_then(Value::as_str).unwrap_or_default()
@@ -386,6 +416,10 @@ async fn agent_answer(
         .as_ref()
         .or(session.defaults.agent.as_ref())
         .and_then(|name| state.runtime.agents().get(name));
+    // Where the input's client tools start in the run's tools, and whether forwardedProps gave
+    // the tools before them: a tool error names the tool as the client sent it.
+    let mut client_tools_from = None;
+    let forwarded_tools = fields.tools.is_some();
     if !input.tools.is_empty() {
         let mut tools = match (fields.tools.take(), preset.and_then(|p| p.tools.clone())) {
             (Some(tools), _) | (None, Some(tools)) => tools,
@@ -397,6 +431,7 @@ async fn agent_answer(
                 .map(|tool| RunTool::Server(tool.name))
                 .collect(),
         };
+        client_tools_from = Some(tools.len());
         for tool in input.tools {
             let definition: ToolDefinition = serde_json::from_value(tool)
                 .map_err(|error| invalid("tools", format!("not a tool definition: {error}")))?;
@@ -430,10 +465,14 @@ async fn agent_answer(
                 .field_renamed("input", "messages")
                 .field_renamed("client_request_id", "runId");
             // The instructions a run refuses are the client's `context` appended to them.
-            if with_context {
+            let error = if with_context {
                 error.field_renamed("instructions", "context")
             } else {
                 error
+            };
+            match client_tools_from {
+                Some(from) => tools_renumbered(error, from, forwarded_tools),
+                None => error,
             }
         })?;
     let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit).await?;

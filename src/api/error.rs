@@ -45,9 +45,9 @@ pub struct ApiError(Box<Problem>, Option<u32>);
 
 impl ApiError {
     /// A problem with status, code and detail.
-    #[must_use]
     /// A detail longer than [`MAX_DETAIL_BYTES`] is cut there with a `… (truncated)` marker, so
     /// no client value is echoed at length.
+    #[must_use]
     pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
         Self(
             Box::new(Problem {
@@ -134,6 +134,13 @@ impl ApiError {
             "snapshot_not_found",
             format!("no snapshot of a run with id `{run_id}`"),
         )
+    }
+
+    /// This error with another `detail` (cut as [`ApiError::new`] cuts it).
+    #[must_use]
+    pub fn with_detail(mut self, detail: String) -> Self {
+        self.0.detail = clip(detail, MAX_DETAIL_BYTES);
+        self
     }
 
     /// The field this error names, if any.

@@ -191,3 +191,30 @@ async fn an_ag_ui_content_of_another_type_is_refused() {
     );
     server.stop().await;
 }
+
+/// `POST /ag-ui` with a bad client tool: the error names it by its index in the input's
+/// `tools`, not in the run's (where the server tools come first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ag_ui_tool_error_names_the_tool_as_sent() {
+    let Some(server) = TestServer::start(Backend::Sqlite, config_for("http://127.0.0.1:9")).await
+    else {
+        return;
+    };
+    let good = json!({"name": "good", "description": "fine",
+                      "parameters": {"type": "object", "properties": {}}});
+    let bad = json!({"name": "bad", "description": "a string schema",
+                     "parameters": {"type": "string"}});
+    let body = json!({"threadId": uuid::Uuid::new_v4().to_string(), "runId": "r1",
+                      "messages": [{"id": "u1", "role": "user", "content": "hi"}],
+                      "tools": [good, bad],
+                      "forwardedProps": {"provider": "fake", "model": "fake-model"}});
+    let (status, problem) = post(&server, "/ag-ui", &body).await;
+    assert_eq!(
+        (status, problem["code"].as_str(), problem["field"].as_str()),
+        (422, Some("invalid_field"), Some("tools")),
+        "{problem}"
+    );
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("tools[1].parameters"), "{detail}");
+    server.stop().await;
+}
