@@ -305,7 +305,8 @@ class BehestAgent extends HttpAgent {
     };
   }
   requestInit(input) {
-    const from = input.messages.findLastIndex((m) => m.role === "user" || m.role === "assistant");
+    let from = input.messages.length - 1;
+    while (from > 0 && input.messages[from].role === "tool") from--;
     return super.requestInit({ ...input, messages: input.messages.slice(Math.max(from, 0)) });
   }
   connect(input) {
