@@ -153,12 +153,13 @@ fn invalid(field: &str, detail: impl Into<String>) -> ApiError {
 }
 
 /// `error` on the run's `tools` whose detail names `tools[k]`, renamed as the client sent the
-/// tool: the input's `tools[k - from]` for one of its client tools (from `from` on), else
-/// `forwardedProps.tools[k]` when forwardedProps gave the tools before them.
-fn tools_renumbered(error: ApiError, from: usize, forwarded: bool) -> ApiError {
+/// tool: the input's `tools[k - from]` for one of its client tools (from `from` on, when it
+/// sent some), else `forwardedProps.tools[k]` when forwardedProps gave the tools before them.
+fn tools_renumbered(error: ApiError, from: Option<usize>, forwarded: bool) -> ApiError {
     if error.field_name() != Some("tools") {
         return error;
     }
+    let from = from.unwrap_or(usize::MAX);
     let detail = error.problem().detail.clone();
     let Some(at) = detail.find("tools[") else {
         return error;
@@ -180,6 +181,32 @@ fn tools_renumbered(error: ApiError, from: usize, forwarded: bool) -> ApiError {
     };
     let renamed = format!("{}{name}{}", &detail[..at], &digits[end + 1..]);
     error.with_detail(renamed).field(field)
+}
+
+/// `error` naming a run field the client gave in `forwardedProps` (one of `keys`), or one
+/// missing that it would give there, named by its path in the input: `forwardedProps.<field>`.
+/// The input's own fields, and the run fields they became (`messages`, `runId`, `context`,
+/// `tools`), keep their names.
+fn in_forwarded_props(error: ApiError, keys: &[String]) -> ApiError {
+    const OWN: [&str; 8] = [
+        "threadId",
+        "runId",
+        "messages",
+        "tools",
+        "context",
+        "state",
+        "resume",
+        "forwardedProps",
+    ];
+    let Some(field) = error.field_name().map(str::to_owned) else {
+        return error;
+    };
+    let top = field.split(['.', '[']).next().unwrap_or_default();
+    let given = keys.iter().any(|key| key == top);
+    if OWN.contains(&top) || !(given || error.problem().code == "missing_field") {
+        return error;
+    }
+    error.field_renamed(top, &format!("forwardedProps.{top}"))
 }
 
 /// The string `key` of `part`, or empty.
@@ -295,7 +322,7 @@ fn input_answers(messages: &[AgUiMessage], resume: &[AgUiResume]) -> ClientAnswe
         (status = 409, description = "`session_busy` (the thread has a run in progress, `run_id`); `run_not_waiting` (the input answers calls its run does not wait for); `action_conflict` (answers that differ from those an earlier post recorded for the same call: `detail` names it); `idempotency_key_reused` (this `runId` started a different run)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 212 visible ASCII characters; no user message to start a run from and no waiting run; a `binary` part that is no image; a tool definition or a `forwardedProps` field as `POST /runs` refuses it); `input_too_large` (the last user message with the run's instructions, `context` appended to them, and tool definitions does not fit the model's window less the answer: `field` is `messages`, `context` when it was sent, else `instructions`, or `tools`; nothing is stored); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field` (`threadId` not 1 to 255 characters of `A-Z a-z 0-9 - _ . : ~`; `runId` not 1 to 212 visible ASCII characters; no user message to start a run from and no waiting run; a `binary` part that is no image; a tool definition or a `forwardedProps` field as `POST /runs` refuses it: `field` is its path, `tools[i]` for the input's own tools, `forwardedProps.<field>` for a run field given or missing there); `input_too_large` (the last user message with the run's instructions, `context` appended to them, and tool definitions does not fit the model's window less the answer: `field` is `messages`, `context` when it was sent, else `instructions`, or `tools`; nothing is stored); `unknown_tool_call`, `missing_tool_calls`; `unknown_agent`, `unknown_provider`, `unknown_model`, `unknown_tool`, `invalid_body`", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`rate_limited`, `too_many_active_runs`: as `POST /runs`", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 503, description = "`shutting_down`; `too_many_watchers`", body = Problem, content_type = "application/problem+json",
@@ -401,11 +428,13 @@ async fn agent_answer(
     };
     if forwarded.contains_key("client_request_id") {
         return Err(invalid(
-            "client_request_id",
+            "forwardedProps.client_request_id",
             "a run started through /ag-ui is keyed by the input's `runId`",
         ));
     }
-    let mut fields = run_fields(forwarded, "forwardedProps")?;
+    let forwarded_keys: Vec<String> = forwarded.keys().cloned().collect();
+    let mut fields = run_fields(forwarded, "forwardedProps")
+        .map_err(|error| in_forwarded_props(error, &forwarded_keys))?;
     fields.session_id = Some(session.id.to_string());
     fields.input = Some(user_input(
         messages.last().and_then(|m| m.content.as_ref()),
@@ -470,10 +499,8 @@ async fn agent_answer(
             } else {
                 error
             };
-            match client_tools_from {
-                Some(from) => tools_renumbered(error, from, forwarded_tools),
-                None => error,
-            }
+            let error = tools_renumbered(error, client_tools_from, forwarded_tools);
+            in_forwarded_props(error, &forwarded_keys)
         })?;
     let mut response = formats::stream(state, &created.record, Format::AgUi, None, permit).await?;
     run_id_header(&mut response, &created.record.id.to_string());

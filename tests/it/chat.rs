@@ -792,13 +792,27 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
             json!({"threadId": thread_id, "runId": "r2", "messages": [thread_message("x")],
                    "forwardedProps": {"input": "sneaky"}}),
             "invalid_field",
-            "input",
+            "forwardedProps.input",
         ),
         (
             json!({"threadId": "fresh-thread-1", "runId": "r3", "messages": [thread_message("x")],
                    "forwardedProps": {"provider": "demo", "model": "demo", "temperature": 9}}),
             "invalid_field",
-            "temperature",
+            "forwardedProps.temperature",
+        ),
+        (
+            json!({"threadId": "fresh-thread-2", "runId": "r4", "messages": [thread_message("x")],
+                   "forwardedProps": {"model": "demo"}}),
+            "missing_field",
+            "forwardedProps.provider",
+        ),
+        (
+            json!({"threadId": "fresh-thread-3", "runId": "r5", "messages": [thread_message("x")],
+                   "forwardedProps": {"provider": "demo", "model": "demo",
+                                      "tools": ["current_time", {"name": "x", "description": "y",
+                                                "parameters": {"type": "string"}}]}}),
+            "invalid_field",
+            "forwardedProps.tools",
         ),
     ] {
         let answer = post(&server, "/ag-ui", &body).await;
