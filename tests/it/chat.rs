@@ -43,6 +43,15 @@ impl Sse {
             .collect()
     }
 
+    /// The status, and the problem's `code` and `field`.
+    fn refusal(&self) -> (u16, Option<&str>, Option<&str>) {
+        (
+            self.status,
+            self.problem["code"].as_str(),
+            self.problem["field"].as_str(),
+        )
+    }
+
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
@@ -733,16 +742,19 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
         .as_str()
         .unwrap()
         .to_owned();
+    // The interrupt answered in resume[] (`resolved` approves, `cancelled` rejects).
+    let decided = |mut decision: Value| {
+        decision["interruptId"] = json!(interrupt);
+        json!({"threadId": thread_id, "runId": uuid::Uuid::new_v4().to_string(),
+               "messages": [thread_message("What time is it?"),
+                   {"id": "a2", "role": "assistant", "toolCalls": [{"id": interrupted_call,
+                     "type": "function", "function": {"name": "current_time", "arguments": "{}"}}]}],
+               "tools": [], "context": [], "resume": [decision]})
+    };
     let approved = post(
         &server,
         "/ag-ui",
-        &json!({"threadId": thread_id, "runId": uuid::Uuid::new_v4().to_string(),
-                "messages": [thread_message("What time is it?"),
-                    {"id": "a2", "role": "assistant", "toolCalls": [{"id": interrupted_call,
-                      "type": "function", "function": {"name": "current_time", "arguments": "{}"}}]}],
-                "tools": [], "context": [],
-                "resume": [{"interruptId": interrupt, "status": "resolved",
-                            "payload": {"approved": true}}]}),
+        &decided(json!({"status": "resolved", "payload": {"approved": true}})),
     )
     .await;
     assert_eq!(approved.status, 200, "{}", approved.problem);
@@ -755,23 +767,9 @@ async fn ag_ui_runs_and_answers(backend: Backend) {
         approved.chunks()
     );
     // The other decision for the same interrupt: 409 naming `resume`, where it was given.
-    let rejected = post(
-        &server,
-        "/ag-ui",
-        &json!({"threadId": thread_id, "runId": uuid::Uuid::new_v4().to_string(),
-                "messages": [thread_message("What time is it?"),
-                    {"id": "a2", "role": "assistant", "toolCalls": [{"id": interrupted_call,
-                      "type": "function", "function": {"name": "current_time", "arguments": "{}"}}]}],
-                "tools": [], "context": [],
-                "resume": [{"interruptId": interrupt, "status": "cancelled"}]}),
-    )
-    .await;
+    let rejected = post(&server, "/ag-ui", &decided(json!({"status": "cancelled"}))).await;
     assert_eq!(
-        (
-            rejected.status,
-            rejected.problem["code"].as_str(),
-            rejected.problem["field"].as_str()
-        ),
+        rejected.refusal(),
         (409, Some("action_conflict"), Some("resume")),
         "{}",
         rejected.problem
@@ -1119,11 +1117,7 @@ async fn chat_and_ag_ui_take_images(backend: Backend) {
                                             "url": "data:application/pdf;base64,JVBERi0="});
     let refused = post(&server, "/chat", &pdf).await;
     assert_eq!(
-        (
-            refused.status,
-            refused.problem["code"].as_str(),
-            refused.problem["field"].as_str()
-        ),
+        refused.refusal(),
         (422, Some("invalid_field"), Some("messages")),
         "{}",
         refused.problem
