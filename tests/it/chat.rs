@@ -43,6 +43,11 @@ impl Sse {
             .collect()
     }
 
+    /// The problem's `detail` (empty when there is none).
+    fn detail(&self) -> &str {
+        self.problem["detail"].as_str().unwrap_or_default()
+    }
+
     /// The status, and the problem's `code` and `field`.
     fn refusal(&self) -> (u16, Option<&str>, Option<&str>) {
         (
@@ -300,7 +305,7 @@ async fn chat_keeps_the_client_id(backend: Backend) {
         assert_eq!(answer.problem["field"].as_str(), field, "{body}");
         if let Some(field) = field {
             // The detail asks to shorten the field the body has, not the run's name for it.
-            let detail = answer.problem["detail"].as_str().unwrap();
+            let detail = answer.detail();
             assert!(
                 !detail.contains("`input`") || field == "input",
                 "{field}: {detail}"
@@ -455,15 +460,12 @@ async fn chat_routes_client_tool_outputs(backend: Backend) {
         refused.problem
     );
     assert!(
-        refused.problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains(&provider_call),
+        refused.detail().contains(&provider_call),
         "{}",
         refused.problem
     );
     // The detail names the pause and the answer that stands, as POST /runs/{id}/tool_outputs'.
-    let detail = refused.problem["detail"].as_str().unwrap();
+    let detail = refused.detail();
     assert!(
         detail.contains("pause at event ") && detail.contains("with output {\"city\":\"Paris\""),
         "{detail}"
@@ -1123,10 +1125,7 @@ async fn chat_and_ag_ui_take_images(backend: Backend) {
         refused.problem
     );
     assert!(
-        refused.problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("application/pdf"),
+        refused.detail().contains("application/pdf"),
         "{}",
         refused.problem
     );

@@ -87,37 +87,6 @@ async fn frontend_body_errors_name_the_field() {
     server.stop().await;
 }
 
-/// `POST /ag-ui` whose `context`, appended to the run's instructions, does not fit the model's
-/// window: 422 `input_too_large` naming `context` (what the client sent), not `instructions`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ag_ui_context_too_large_names_context() {
-    let Some(server) = TestServer::start(Backend::Sqlite, config_for("http://127.0.0.1:9")).await
-    else {
-        return;
-    };
-    let thread = json!({"id": "u1", "role": "user", "content": "Hi"});
-    // About 175,000 tokens of words against a window of 128,000, under the 1 MiB body limit.
-    let value = "lorem ipsum dolor sit amet ".repeat(35_000);
-    let body = json!({"threadId": uuid::Uuid::new_v4().to_string(), "runId": "r1",
-                      "messages": [thread], "tools": [], "state": {},
-                      "context": [{"description": "notes", "value": value}],
-                      "forwardedProps": {"provider": "fake", "model": "fake-model"}});
-    let (status, problem) = post(&server, "/ag-ui", &body).await;
-    assert_eq!(
-        (status, problem["code"].as_str(), problem["field"].as_str()),
-        (422, Some("input_too_large"), Some("context")),
-        "{problem}"
-    );
-    assert!(
-        !problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("`instructions`"),
-        "{problem}"
-    );
-    server.stop().await;
-}
-
 /// A body over the limit: 413 `payload_too_large` naming the limit; on `/chat` and `/ag-ui`,
 /// whose clients send the whole history, the detail says to send only the last message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,56 +134,64 @@ async fn a_body_over_the_limit_names_it() {
     server.stop().await;
 }
 
-/// `POST /ag-ui` whose last user message's `content` is neither a string nor parts: 422
-/// `invalid_field` on `messages` saying so (it read as an empty input).
+/// `POST /ag-ui` refusals name what the client sent: a `context` that, appended to the run's
+/// instructions, does not fit the window (not `instructions`); a `content` that is neither a
+/// string nor parts (it read as an empty input); a bad client tool by its index in the input's
+/// `tools` (the run's index counts the server tools first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ag_ui_content_of_another_type_is_refused() {
+async fn ag_ui_refusals_name_what_the_client_sent() {
     let Some(server) = TestServer::start(Backend::Sqlite, config_for("http://127.0.0.1:9")).await
     else {
         return;
     };
-    let body = json!({"threadId": uuid::Uuid::new_v4().to_string(), "runId": "r1",
-                      "messages": [{"id": "u1", "role": "user", "content": 5}],
-                      "forwardedProps": {"provider": "fake", "model": "fake-model"}});
-    let (status, problem) = post(&server, "/ag-ui", &body).await;
-    assert_eq!(
-        (status, problem["code"].as_str(), problem["field"].as_str()),
-        (422, Some("invalid_field"), Some("messages")),
-        "{problem}"
-    );
-    assert!(
-        problem["detail"]
-            .as_str()
+    let input = |messages: Value, extra: Value| {
+        let mut body = json!({"threadId": uuid::Uuid::new_v4().to_string(), "runId": "r1",
+                              "messages": messages,
+                              "forwardedProps": {"provider": "fake", "model": "fake-model"}});
+        body.as_object_mut()
             .unwrap()
-            .contains("must be a string or an array of parts"),
-        "{problem}"
-    );
-    server.stop().await;
-}
-
-/// `POST /ag-ui` with a bad client tool: the error names it by its index in the input's
-/// `tools`, not in the run's (where the server tools come first).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ag_ui_tool_error_names_the_tool_as_sent() {
-    let Some(server) = TestServer::start(Backend::Sqlite, config_for("http://127.0.0.1:9")).await
-    else {
-        return;
+            .extend(extra.as_object().unwrap().clone());
+        body
     };
+    let hi = json!([{"id": "u1", "role": "user", "content": "Hi"}]);
+    // About 175,000 tokens of words against a window of 128,000, under the 1 MiB body limit.
+    let notes = "lorem ipsum dolor sit amet ".repeat(35_000);
     let good = json!({"name": "good", "description": "fine",
                       "parameters": {"type": "object", "properties": {}}});
     let bad = json!({"name": "bad", "description": "a string schema",
                      "parameters": {"type": "string"}});
-    let body = json!({"threadId": uuid::Uuid::new_v4().to_string(), "runId": "r1",
-                      "messages": [{"id": "u1", "role": "user", "content": "hi"}],
-                      "tools": [good, bad],
-                      "forwardedProps": {"provider": "fake", "model": "fake-model"}});
-    let (status, problem) = post(&server, "/ag-ui", &body).await;
-    assert_eq!(
-        (status, problem["code"].as_str(), problem["field"].as_str()),
-        (422, Some("invalid_field"), Some("tools")),
-        "{problem}"
-    );
-    let detail = problem["detail"].as_str().unwrap();
-    assert!(detail.contains("tools[1].parameters"), "{detail}");
+    for (body, code, field, said) in [
+        (
+            input(
+                hi.clone(),
+                json!({"context": [{"description": "notes", "value": notes}]}),
+            ),
+            "input_too_large",
+            "context",
+            "shorten `context`",
+        ),
+        (
+            input(
+                json!([{"id": "u1", "role": "user", "content": 5}]),
+                json!({}),
+            ),
+            "invalid_field",
+            "messages",
+            "must be a string or an array of parts",
+        ),
+        (
+            input(hi.clone(), json!({"tools": [good, bad]})),
+            "invalid_field",
+            "tools",
+            "tools[1].parameters",
+        ),
+    ] {
+        let problem = server.refused("/ag-ui", &body, 422, code).await;
+        assert_eq!(problem["field"], field, "{problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(said),
+            "{problem}"
+        );
+    }
     server.stop().await;
 }
