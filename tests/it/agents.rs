@@ -127,21 +127,9 @@ fn config(base_url: &str, extra: &str) -> Config {
     Config::from_toml(&toml).expect("test config")
 }
 
-async fn post(server: &TestServer, path: &str, body: &Value) -> (u16, Value) {
-    let response = server
-        .client
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 /// Starts a run; returns its id.
 async fn start(server: &TestServer, body: Value) -> String {
-    let (status, created) = post(server, "/runs", &body).await;
+    let (status, created) = server.post("/runs", &body).await;
     assert_eq!(status, 202, "{body}: {created}");
     created["run_id"].as_str().unwrap().to_owned()
 }
@@ -301,7 +289,7 @@ async fn instructions_and_parameters_reach_both_wire_formats(backend: Backend) {
     ] {
         let body = json!({"provider": provider, "model": "fake-model", "input": "hi",
                           "provider_options": {key: false}});
-        let (status, problem) = post(&server, "/runs", &body).await;
+        let (status, problem) = server.post("/runs", &body).await;
         assert_eq!(
             (status, problem["code"].as_str(), problem["field"].as_str()),
             (422, Some("invalid_field"), Some("provider_options")),
@@ -458,8 +446,9 @@ async fn a_preset_plus_overrides(backend: Backend) {
     Wire::OpenAi.assert_valid(&fake.requests());
     Wire::Anthropic.assert_valid(&fake.requests());
 
-    let (status, problem) =
-        post(&server, "/runs", &json!({"agent": "nobody", "input": "hi"})).await;
+    let (status, problem) = server
+        .post("/runs", &json!({"agent": "nobody", "input": "hi"}))
+        .await;
     assert_eq!(
         (status, problem["code"].as_str(), problem["field"].as_str()),
         (422, Some("unknown_agent"), Some("agent"))
@@ -518,13 +507,13 @@ fn client_tools() -> Value {
 /// Outputs for the calls of [`parallel_calls`] after the run ended (`run_status`): `409
 /// run_not_waiting`.
 async fn assert_late(server: &TestServer, run_id: &str, run_status: &str) {
-    let (status, problem) = post(
-        server,
-        &format!("/runs/{run_id}/tool_outputs"),
-        &json!({"tool_outputs": [{"call_id": "call_loc", "output": 1},
+    let (status, problem) = server
+        .post(
+            &format!("/runs/{run_id}/tool_outputs"),
+            &json!({"tool_outputs": [{"call_id": "call_loc", "output": 1},
                                  {"call_id": "call_wx", "output": 2}]}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(
         (
             status,
@@ -624,7 +613,7 @@ async fn client_tool_round_trip(backend: Backend) {
             ),
             (json!({"outputs": []}), 422, "invalid_body"),
         ] {
-            let (got, problem) = post(&server, &path, &body).await;
+            let (got, problem) = server.post(&path, &body).await;
             assert_eq!(
                 (got, problem["code"].as_str()),
                 (status, Some(code)),
@@ -634,12 +623,12 @@ async fn client_tool_round_trip(backend: Backend) {
                 assert_eq!(problem["field"], "tool_outputs", "{problem}");
             }
         }
-        let (status, problem) = post(
-            &server,
-            &format!("/runs/{run_id}/approvals"),
-            &json!({"approvals": [{"call_id": "call_loc", "approve": true}]}),
-        )
-        .await;
+        let (status, problem) = server
+            .post(
+                &format!("/runs/{run_id}/approvals"),
+                &json!({"approvals": [{"call_id": "call_loc", "approve": true}]}),
+            )
+            .await;
         assert_eq!(
             (
                 status,
@@ -651,15 +640,15 @@ async fn client_tool_round_trip(backend: Backend) {
         );
         assert_eq!(waiting(&server, &run_id).await["status"], "requires_action");
 
-        let (status, accepted) = post(
-            &server,
-            &path,
-            &json!({"tool_outputs": [
-                {"call_id": "call_wx", "error": "weather service down"},
-                output("call_loc", json!({"city": "Paris"}))
-            ]}),
-        )
-        .await;
+        let (status, accepted) = server
+            .post(
+                &path,
+                &json!({"tool_outputs": [
+                    {"call_id": "call_wx", "error": "weather service down"},
+                    output("call_loc", json!({"city": "Paris"}))
+                ]}),
+            )
+            .await;
         assert_eq!(status, 202, "{accepted}");
         assert_eq!(accepted["id"], run_id.as_str());
         let run = server.finished_run(&run_id).await;
@@ -748,28 +737,28 @@ async fn client_tool_round_trip(backend: Backend) {
         // Late: the run is over. The same outputs again (a retry after a lost response) are
         // accepted again: the run as it is now; other outputs are refused, naming the pause
         // already answered and the answer that stands.
-        let (status, again) = post(
-            &server,
-            &path,
-            &json!({"tool_outputs": [
-                {"call_id": "call_loc", "output": {"city": "Paris"}},
-                {"call_id": "call_wx", "error": "weather service down"}
-            ]}),
-        )
-        .await;
+        let (status, again) = server
+            .post(
+                &path,
+                &json!({"tool_outputs": [
+                    {"call_id": "call_loc", "output": {"city": "Paris"}},
+                    {"call_id": "call_wx", "error": "weather service down"}
+                ]}),
+            )
+            .await;
         assert_eq!(status, 202, "{again}");
         assert_eq!(
             (again["id"].as_str(), again["status"].as_str()),
             (Some(run_id.as_str()), Some("completed")),
             "{again}"
         );
-        let (status, problem) = post(
-            &server,
-            &path,
-            &json!({"tool_outputs": [{"call_id": "call_loc", "output": {"city": "Paris"}},
+        let (status, problem) = server
+            .post(
+                &path,
+                &json!({"tool_outputs": [{"call_id": "call_loc", "output": {"city": "Paris"}},
                                      {"call_id": "call_wx", "output": "sunny"}]}),
-        )
-        .await;
+            )
+            .await;
         assert_eq!(
             (status, problem["code"].as_str(), problem["field"].as_str()),
             (409, Some("action_conflict"), Some("tool_outputs")),
@@ -789,12 +778,12 @@ async fn client_tool_round_trip(backend: Backend) {
             "{detail}"
         );
         // A retry that leaves a call out is refused, naming the call it leaves out.
-        let (status, problem) = post(
-            &server,
-            &path,
-            &json!({"tool_outputs": [{"call_id": "call_loc", "output": {"city": "Paris"}}]}),
-        )
-        .await;
+        let (status, problem) = server
+            .post(
+                &path,
+                &json!({"tool_outputs": [{"call_id": "call_loc", "output": {"city": "Paris"}}]}),
+            )
+            .await;
         assert_eq!(
             (status, problem["code"].as_str()),
             (409, Some("action_conflict")),
@@ -906,25 +895,25 @@ async fn a_cancelled_wait_frees_the_session_at_once(backend: Backend) {
             cancelled["status"], "cancelled",
             "attempt {attempt}: {cancelled}"
         );
-        let (status, late) = post(
-            &server,
-            &format!("/runs/{run_id}/tool_outputs"),
-            &json!({"tool_outputs": [{"call_id": "call_loc", "output": "Lyon"}]}),
-        )
-        .await;
+        let (status, late) = server
+            .post(
+                &format!("/runs/{run_id}/tool_outputs"),
+                &json!({"tool_outputs": [{"call_id": "call_loc", "output": "Lyon"}]}),
+            )
+            .await;
         assert_eq!(
             (status, late["code"].as_str()),
             (409, Some("run_not_waiting")),
             "{late}"
         );
         fake.push(wire.text("Still here."));
-        let (status, next) = post(
-            &server,
-            "/runs",
-            &json!({"session_id": session, "provider": wire.provider(), "model": "fake-model",
+        let (status, next) = server
+            .post(
+                "/runs",
+                &json!({"session_id": session, "provider": wire.provider(), "model": "fake-model",
                    "input": "still there?"}),
-        )
-        .await;
+            )
+            .await;
         assert_eq!(
             status, 202,
             "attempt {attempt}: the next input at once: {next}"
@@ -961,7 +950,7 @@ async fn an_answer_racing_a_cancel_leaves_one_result(backend: Backend) {
             format!("/runs/{run_id}/tool_outputs"),
             json!({"tool_outputs": [{"call_id": "call_loc", "output": "Lyon"}]}),
         );
-        let answer = post(&server, &path, &body);
+        let answer = server.post(&path, &body);
         // The cancel 0 to 4 ms after the answer: the window where both land.
         let cancel = async {
             tokio::time::sleep(Duration::from_millis(attempt % 5)).await;
@@ -1045,12 +1034,12 @@ async fn a_call_id_used_again_waits_for_its_own_answer(backend: Backend) {
                 "{run}"
             );
             let turn = run["required_action"]["message_id"].clone();
-            let (status, answer) = post(
-                &server,
-                &format!("/runs/{run_id}/tool_outputs"),
-                &json!({"tool_outputs": [{"call_id": call_id, "output": {"city": city}}]}),
-            )
-            .await;
+            let (status, answer) = server
+                .post(
+                    &format!("/runs/{run_id}/tool_outputs"),
+                    &json!({"tool_outputs": [{"call_id": call_id, "output": {"city": city}}]}),
+                )
+                .await;
             assert_eq!(status, 202, "{answer}");
             // The run moves on before the next turn waits.
             wait_for(&server, &run_id, |run| {
@@ -1221,22 +1210,22 @@ async fn approvals_granted_and_rejected(backend: Backend) {
             executed.lock().unwrap().is_empty(),
             "nothing runs before the approval"
         );
-        let (status, problem) = post(
-            &server,
-            &format!("/runs/{run_id}/tool_outputs"),
-            &json!({"tool_outputs": [{"call_id": "call_l", "output": 1}]}),
-        )
-        .await;
+        let (status, problem) = server
+            .post(
+                &format!("/runs/{run_id}/tool_outputs"),
+                &json!({"tool_outputs": [{"call_id": "call_l", "output": 1}]}),
+            )
+            .await;
         assert_eq!(
             (status, problem["code"].as_str()),
             (409, Some("run_not_waiting"))
         );
-        let (status, body) = post(
-            &server,
-            &format!("/runs/{run_id}/approvals"),
-            &json!({"approvals": [{"call_id": "call_l", "approve": true}]}),
-        )
-        .await;
+        let (status, body) = server
+            .post(
+                &format!("/runs/{run_id}/approvals"),
+                &json!({"approvals": [{"call_id": "call_l", "approve": true}]}),
+            )
+            .await;
         assert_eq!(status, 202, "{body}");
         let run = server.finished_run(&run_id).await;
         assert_eq!(run["status"], "completed", "{run}");
@@ -1271,19 +1260,17 @@ async fn approvals_granted_and_rejected(backend: Backend) {
         let run = waiting(&server, &run_id).await;
         assert_eq!(run["approval"], json!(["echo"]));
         assert_eq!(run["required_action"]["tool_calls"][0]["kind"], "approval");
-        let (status, problem) = post(
-            &server,
-            &format!("/runs/{run_id}/approvals"),
-            &json!({"approvals": []}),
-        )
-        .await;
+        let (status, problem) = server
+            .post(
+                &format!("/runs/{run_id}/approvals"),
+                &json!({"approvals": []}),
+            )
+            .await;
         assert_eq!(
             (status, problem["code"].as_str(), problem["field"].as_str()),
             (422, Some("missing_tool_calls"), Some("approvals"))
         );
-        let (status, _) = post(
-            &server,
-            &format!("/runs/{run_id}/approvals"),
+        let (status, _) = server.post(&format!("/runs/{run_id}/approvals"),
             &json!({"approvals": [{"call_id": "call_e2", "approve": false, "reason": "not now"}]}),
         )
         .await;
@@ -1306,9 +1293,7 @@ async fn approvals_granted_and_rejected(backend: Backend) {
             json!({"Failure": {"error": "rejected by the user: not now"}})
         );
         // A retry of the decision is accepted again; another decision is refused.
-        let (status, again) = post(
-            &server,
-            &format!("/runs/{run_id}/approvals"),
+        let (status, again) = server.post(&format!("/runs/{run_id}/approvals"),
             &json!({"approvals": [{"call_id": "call_e2", "approve": false, "reason": "not now"}]}),
         )
         .await;
@@ -1317,12 +1302,12 @@ async fn approvals_granted_and_rejected(backend: Backend) {
             (202, Some("completed")),
             "{again}"
         );
-        let (status, problem) = post(
-            &server,
-            &format!("/runs/{run_id}/approvals"),
-            &json!({"approvals": [{"call_id": "call_e2", "approve": true}]}),
-        )
-        .await;
+        let (status, problem) = server
+            .post(
+                &format!("/runs/{run_id}/approvals"),
+                &json!({"approvals": [{"call_id": "call_e2", "approve": true}]}),
+            )
+            .await;
         assert_eq!(
             (status, problem["code"].as_str()),
             (409, Some("action_conflict")),
@@ -1357,15 +1342,15 @@ async fn sessions_are_resources(backend: Backend) {
     let Some(server) = TestServer::start(backend, config(&fake.base_url(), "")).await else {
         return;
     };
-    let (status, session) = post(
-        &server,
-        "/sessions",
-        &json!({"title": "Support chat", "metadata": {"customer": "c-42"},
+    let (status, session) = server
+        .post(
+            "/sessions",
+            &json!({"title": "Support chat", "metadata": {"customer": "c-42"},
                 "defaults": {"provider": "fake", "model": "fake-model",
                              "instructions": "Answer in French.",
                              "parameters": {"temperature": 0.2}}}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, 201, "{session}");
     let id = session["id"].as_str().unwrap().to_owned();
     assert_eq!(session["title"], "Support chat");
@@ -1634,7 +1619,7 @@ async fn every_field_is_validated(backend: Backend) {
         ("fake", "action_timeout_ms", json!("1s"), "invalid_body"),
     ] {
         let body = base(provider, field, value.clone());
-        let (status, problem) = post(&server, "/runs", &body).await;
+        let (status, problem) = server.post("/runs", &body).await;
         if code == "ok" {
             assert_eq!(status, 202, "{field} = {value}: {problem}");
             continue;
@@ -1648,17 +1633,14 @@ async fn every_field_is_validated(backend: Backend) {
     // A tool_choice may name a defined tool; an approval, only a server tool of the run.
     let mut body = base("fake", "tools", json!(["lookup", def("x", object.clone())]));
     body["tool_choice"] = json!({"name": "x"});
-    assert_eq!(post(&server, "/runs", &body).await.0, 202);
+    assert_eq!(server.post("/runs", &body).await.0, 202);
     body["approval"] = json!(["x"]);
-    let (status, problem) = post(&server, "/runs", &body).await;
+    let (status, problem) = server.post("/runs", &body).await;
     assert_eq!((status, problem["field"].as_str()), (422, Some("approval")));
     // Without a provider (nor an agent or session that gives one).
-    let (status, problem) = post(
-        &server,
-        "/runs",
-        &json!({"model": "fake-model", "input": "hi"}),
-    )
-    .await;
+    let (status, problem) = server
+        .post("/runs", &json!({"model": "fake-model", "input": "hi"}))
+        .await;
     assert_eq!(
         (status, problem["code"].as_str(), problem["field"].as_str()),
         (422, Some("missing_field"), Some("provider"))
@@ -1694,7 +1676,7 @@ async fn every_field_is_validated(backend: Backend) {
         ),
         (json!({"name": "x"}), "invalid_body", "name"),
     ] {
-        let (status, problem) = post(&server, "/sessions", &body).await;
+        let (status, problem) = server.post("/sessions", &body).await;
         assert_eq!(
             (status, problem["code"].as_str(), problem["field"].as_str()),
             (422, Some(code), Some(field)),

@@ -66,22 +66,10 @@ fn answer(wire: Wire, text: &str) -> Reply {
     })
 }
 
-async fn post(server: &TestServer, path: &str, body: &Value) -> (u16, Value) {
-    let response = server
-        .client
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 /// Creates a run from `body`, waits for its end; its record and its events (each valid
 /// against the OpenAPI document).
 async fn run(server: &TestServer, body: Value) -> (Value, Vec<Frame>) {
-    let (status, created) = post(server, "/runs", &body).await;
+    let (status, created) = server.post("/runs", &body).await;
     assert_eq!(status, 202, "{body}: {created}");
     let run_id = created["run_id"].as_str().unwrap().to_owned();
     let record = server.finished_run(&run_id).await;
@@ -477,7 +465,7 @@ async fn unusable_schemas_are_refused(backend: Backend) {
     for (schema, field, words) in cases {
         let body = json!({"provider": "fake", "model": "fake-model", "input": "hi",
                           "output_schema": schema});
-        let (status, problem) = post(&server, "/runs", &body).await;
+        let (status, problem) = server.post("/runs", &body).await;
         assert_eq!(
             (status, problem["code"].as_str(), problem["field"].as_str()),
             (422, Some("invalid_field"), Some(field)),
@@ -492,7 +480,7 @@ async fn unusable_schemas_are_refused(backend: Backend) {
     let body = json!({"provider": "fake", "model": "fake-model", "input": "hi",
                       "output_schema": weather_schema(),
                       "provider_options": {"response_format": {"type": "json_object"}}});
-    let (status, problem) = post(&server, "/runs", &body).await;
+    let (status, problem) = server.post("/runs", &body).await;
     assert_eq!(
         (status, problem["field"].as_str()),
         (422, Some("provider_options")),

@@ -7,18 +7,6 @@ use serde_json::{Value, json};
 use support::db::Backend;
 use support::server::{TestServer, config_for};
 
-async fn post(server: &TestServer, path: &str, body: &Value) -> (u16, Value) {
-    let response = server
-        .client
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 /// `POST /chat` and `POST /ag-ui` with a required field missing or of the wrong type: 422
 /// `invalid_body` with `field` the top-level field and `detail` naming its path, without
 /// serde's words.
@@ -73,7 +61,7 @@ async fn frontend_body_errors_name_the_field() {
             "`context[0].description`",
         ),
     ] {
-        let (status, problem) = post(&server, path, &body).await;
+        let (status, problem) = server.post(path, &body).await;
         assert_eq!(
             (status, problem["code"].as_str()),
             (422, Some("invalid_body")),
@@ -114,7 +102,7 @@ async fn a_body_over_the_limit_names_it() {
             true,
         ),
     ] {
-        let (status, problem) = post(&server, path, &body).await;
+        let (status, problem) = server.post(path, &body).await;
         assert_eq!(
             (status, problem["code"].as_str()),
             (413, Some("payload_too_large")),

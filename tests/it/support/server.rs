@@ -126,8 +126,8 @@ impl TestServer {
         response.json().await.expect("JSON")
     }
 
-    /// `POST path` with `body`, answered `status` with a problem of `code`; returns the problem.
-    pub async fn refused(&self, path: &str, body: &Value, status: u16, code: &str) -> Value {
+    /// `POST path` with a JSON `body` → (status, JSON body or `Null`).
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let response = self
             .client
             .post(self.url(path))
@@ -135,8 +135,14 @@ impl TestServer {
             .send()
             .await
             .expect("POST");
-        assert_eq!(response.status(), status, "POST {path} {body}");
-        let problem: Value = response.json().await.expect("JSON");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `POST path` with `body`, answered `status` with a problem of `code`; returns the problem.
+    pub async fn refused(&self, path: &str, body: &Value, status: u16, code: &str) -> Value {
+        let (answered, problem) = self.post(path, body).await;
+        assert_eq!(answered, status, "POST {path} {body}: {problem}");
         assert_eq!(problem["code"], code, "{problem}");
         problem
     }
