@@ -436,29 +436,20 @@ async fn webhooks_not_allowed_are_refused_and_runs_without_one_write_nothing(bac
         (long.as_str(), "invalid_field", "webhook.url"),
     ];
     for (url, code, field) in refused {
-        let response = server
-            .client
-            .post(server.url("/runs"))
-            .json(&json!({"provider": "demo", "model": "demo", "input": "hi",
-                          "webhook": {"url": url}}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 422, "{url}");
-        let problem: Value = response.json().await.unwrap();
-        assert_eq!(problem["code"], code, "{url}: {problem}");
+        let body = json!({"provider": "demo", "model": "demo", "input": "hi",
+                          "webhook": {"url": url}});
+        let problem = server.refused("/runs", &body, 422, code).await;
         assert_eq!(problem["field"], field, "{problem}");
     }
     // A bad shape is the body's error.
-    let response = server
-        .client
-        .post(server.url("/runs"))
-        .json(&json!({"provider": "demo", "model": "demo", "input": "hi",
-                      "webhook": "https://hooks.example.com"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 422);
+    let (status, _) = server
+        .post(
+            "/runs",
+            &json!({"provider": "demo", "model": "demo", "input": "hi",
+                    "webhook": "https://hooks.example.com"}),
+        )
+        .await;
+    assert_eq!(status, 422);
     // No webhook: nothing in the outbox.
     let created = server
         .create_run(json!({"provider": "demo", "model": "demo", "input": "hello"}))
@@ -552,17 +543,11 @@ async fn a_run_with_a_null_webhook_opts_out_of_the_default(backend: Backend) {
     let keyed = json!({"provider": "demo", "model": "demo", "input": "hi",
                        "client_request_id": "probe-1", "webhook": null});
     server.create_run(keyed).await;
-    let response = server
-        .client
-        .post(server.url("/runs"))
-        .json(&json!({"provider": "demo", "model": "demo", "input": "hi",
-                      "client_request_id": "probe-1"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 409);
-    let problem: Value = response.json().await.unwrap();
-    assert_eq!(problem["code"], "idempotency_key_reused", "{problem}");
+    let unkeyed = json!({"provider": "demo", "model": "demo", "input": "hi",
+                         "client_request_id": "probe-1"});
+    server
+        .refused("/runs", &unkeyed, 409, "idempotency_key_reused")
+        .await;
 
     // Without a secret, `null` asks for nothing the server lacks.
     let plain = behest::config::Config::from_toml(DEMO).unwrap();
